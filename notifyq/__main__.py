@@ -1,0 +1,3 @@
+from notifyq.cli import main
+
+raise SystemExit(main())

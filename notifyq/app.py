@@ -1,0 +1,328 @@
+"""The application object: handler registry, enqueue, run control and the in-process worker."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+from uuid import UUID
+
+import anyio
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from notifyq.clock import Clock, SystemClock
+from notifyq.control import RunControl, Stats
+from notifyq.db import migrate as migrations
+from notifyq.db.pool import AsyncConn, open_pool, require_dsn
+from notifyq.db.queries import Queries, queries_for
+from notifyq.dispatch.retry import RetryPolicy
+from notifyq.dispatch.worker import Worker
+from notifyq.enqueue import (
+    EnqueueRequest,
+    Prepared,
+    coerce_requests,
+    prepare,
+    translate_db_error,
+)
+from notifyq.errors import ConfigError
+from notifyq.notifier import WakeSender, wake_payload
+from notifyq.registry import PeriodicSpec, Registry
+from notifyq.run import Run
+from notifyq.settings import Settings, load_settings
+
+log = logging.getLogger("notifyq")
+
+T = TypeVar("T")
+
+
+class App:
+    """A notifyq application: register handlers, enqueue runs, run workers.
+
+    Example::
+
+        app = App()  # NOTIFYQ_DATABASE_URL, schema "notifyq"
+
+        @app.handler("email.send", retry=RetryPolicy(attempts=5), timeout_s=30)
+        async def send_email(ctx: JobContext) -> dict:
+            return {"to": ctx.input["to"]}
+
+        run = await app.enqueue("email.send", {"to": "a@b.c"})
+        await app.run_worker(concurrency=10)
+    """
+
+    def __init__(self, dsn: str | None = None, *, schema: str | None = None,
+                 settings: Settings | None = None, clock: Clock | None = None) -> None:
+        overrides: dict[str, Any] = {}
+        if dsn is not None:
+            overrides["database_url"] = dsn
+        if schema is not None:
+            overrides["schema_name"] = schema
+        if settings is None:
+            settings = load_settings(**overrides)
+        elif overrides:
+            settings = settings.model_copy(update=overrides)
+        self.settings = settings
+        self.clock: Clock = clock or SystemClock()
+        self.registry = Registry(settings.env)
+        self.queries: Queries = queries_for(settings.schema_name)
+        self.runs = RunControl(self.queries, self.clock)
+        self._pool: AsyncConnectionPool[AsyncConn] | None = None
+        self._sync_pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] | None = None
+        self._waker: WakeSender | None = None
+        self._open_lock = anyio.Lock()
+
+    # -- registration -------------------------------------------------------------------------
+
+    def handler(self, job_type: str, *, retry: RetryPolicy | None = None,
+                timeout_s: float | None = None, pool: str = "default", priority: int = 0,
+                version: int = 1) -> Callable[[T], T]:
+        """Register a handler: an async function, a sync function (run in a worker thread), or
+        a class / instance with a ``handle(ctx)`` method."""
+        def register(target: T) -> T:
+            self.registry.register(job_type, target, retry=retry, timeout_s=timeout_s,
+                                   pool=pool, priority=priority, version=version)
+            return target
+        return register
+
+    def periodic(self, job_type: str | None = None, *, every: timedelta,
+                 input: Mapping[str, Any] | list[Any] | None = None,
+                 **handler_options: Any) -> Callable[[T], T]:
+        """Enqueue one run per tick of ``every``, cluster-wide, however many workers run.
+
+        Stack it on ``@app.handler(...)``, or give ``job_type`` to register the handler too::
+
+            @app.periodic(every=timedelta(minutes=5))
+            @app.handler("report.build")
+            async def build_report(ctx): ...
+        """
+        if every < timedelta(milliseconds=100):
+            raise ConfigError(f"periodic every must be at least 100 ms, got {every}")
+
+        def register(target: T) -> T:
+            name = job_type
+            if name is None:
+                name = self.registry.type_of(target)
+                if name is None:
+                    raise ConfigError("@app.periodic needs job_type=... or an @app.handler below")
+            else:
+                self.handler(name, **handler_options)(target)
+            self.registry.periodic.append(PeriodicSpec(name, every, dict(input or {})
+                                                       if not isinstance(input, list) else input))
+            return target
+        return register
+
+    # -- connections --------------------------------------------------------------------------
+
+    async def pool(self) -> AsyncConnectionPool[AsyncConn]:
+        """The app's connection pool, opened on first use."""
+        if self._pool is None:
+            async with self._open_lock:
+                if self._pool is None:
+                    dsn = require_dsn(self.settings.database_url)
+                    pool = await open_pool(dsn, max_size=self.settings.pool_max_size)
+                    self._waker = WakeSender(pool, self.queries)
+                    self._pool = pool
+        return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+        if self._sync_pool is not None:
+            self._sync_pool.close()
+            self._sync_pool = None
+
+    async def __aenter__(self) -> App:
+        await self.pool()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations; return the names applied."""
+        async with (await self.pool()).connection() as conn:
+            applied = await migrations.migrate(conn, self.settings.schema_name)
+        return [f"{m.version:04d}_{m.name}" for m in applied]
+
+    # -- enqueue ------------------------------------------------------------------------------
+
+    async def enqueue(self, job_type: str, input: Any = None, *,
+                      run_at: datetime | None = None, priority: int | None = None,
+                      pool: str | None = None, max_attempts: int | None = None,
+                      dedupe_key: str | None = None, tags: Sequence[str] | None = None,
+                      conn: psycopg.AsyncConnection[Any] | None = None) -> Run:
+        """Enqueue one run and return it (the existing run when ``dedupe_key`` matched).
+
+        With ``conn``, the row is written in that connection's open transaction and workers
+        are woken when it commits; a rollback leaves nothing behind.
+        """
+        prepared = self._prepare(EnqueueRequest(
+            job_type=job_type, input={} if input is None else input, run_at=run_at,
+            priority=priority, pool=pool, max_attempts=max_attempts, dedupe_key=dedupe_key,
+            tags=tags))
+        if conn is not None:
+            return await self._enqueue_on(conn, prepared, notify=True)
+        db = await self.pool()
+        async with db.connection() as own:
+            run = await self._enqueue_on(own, prepared, notify=False)
+        assert self._waker is not None
+        await self._waker.wake({run.pool})
+        return run
+
+    async def enqueue_many(self, items: Iterable[EnqueueRequest | Mapping[str, Any]], *,
+                           conn: psycopg.AsyncConnection[Any] | None = None) -> list[Run]:
+        """Enqueue many runs in one transaction and one statement, with one NOTIFY per pool.
+        Returns the runs in the order given."""
+        prepared = [self._prepare(r) for r in coerce_requests(items)]
+        if not prepared:
+            return []
+        if conn is not None:
+            async with conn.transaction():
+                runs = await self._insert_many(conn, prepared)
+                await self._notify_pools(conn, {r.pool for r in runs})
+            return runs
+        db = await self.pool()
+        async with db.connection() as own, own.transaction():
+            runs = await self._insert_many(own, prepared)
+        assert self._waker is not None
+        await self._waker.wake({r.pool for r in runs})
+        return runs
+
+    def enqueue_sync(self, job_type: str, input: Any = None, *,
+                     run_at: datetime | None = None, priority: int | None = None,
+                     pool: str | None = None, max_attempts: int | None = None,
+                     dedupe_key: str | None = None, tags: Sequence[str] | None = None,
+                     conn: psycopg.Connection[Any] | None = None) -> Run:
+        """:meth:`enqueue` for synchronous code (Django, Flask, scripts)."""
+        prepared = self._prepare(EnqueueRequest(
+            job_type=job_type, input={} if input is None else input, run_at=run_at,
+            priority=priority, pool=pool, max_attempts=max_attempts, dedupe_key=dedupe_key,
+            tags=tags))
+        if conn is not None:
+            return self._enqueue_on_sync(conn, prepared)
+        with self._sync().connection() as own:
+            return self._enqueue_on_sync(own, prepared)
+
+    def _prepare(self, request: EnqueueRequest) -> Prepared:
+        return prepare(request, self.settings.max_input_bytes)
+
+    async def _enqueue_on(self, conn: psycopg.AsyncConnection[Any], prepared: Prepared, *,
+                          notify: bool) -> Run:
+        try:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(self.queries.job_run_enqueue, prepared.params(notify=notify))
+                row = await cur.fetchone()
+        except psycopg.errors.DataException as exc:  # the SQL function's own validation
+            raise translate_db_error(exc) from None
+        assert row is not None
+        return Run.from_row(row)
+
+    def _enqueue_on_sync(self, conn: psycopg.Connection[Any], prepared: Prepared) -> Run:
+        try:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(self.queries.job_run_enqueue, prepared.params(notify=True))
+                row = cur.fetchone()
+        except psycopg.errors.DataException as exc:
+            raise translate_db_error(exc) from None
+        assert row is not None
+        return Run.from_row(row)
+
+    async def _insert_many(self, conn: psycopg.AsyncConnection[Any],
+                           prepared: list[Prepared]) -> list[Run]:
+        plain = [p for p in prepared if p.request.dedupe_key is None]
+        by_id: dict[UUID, Run] = {}
+        async with conn.cursor(row_factory=dict_row) as cur:
+            if plain:
+                rows = "[" + ",".join(p.record() for p in plain) + "]"
+                await cur.execute(self.queries.job_run_insert_many, {"rows": rows})
+                for row in await cur.fetchall():
+                    by_id[row["id"]] = Run.from_row(row)
+        runs = []
+        for p in prepared:
+            if p.request.dedupe_key is None:
+                runs.append(by_id[p.id])
+            else:
+                runs.append(await self._enqueue_on(conn, p, notify=False))
+        return runs
+
+    async def _notify_pools(self, conn: psycopg.AsyncConnection[Any], pools: set[str]) -> None:
+        await conn.execute(self.queries.job_run_notify, {
+            "channel": self.queries.schema, "payloads": [wake_payload(p) for p in pools]})
+
+    def _sync(self) -> ConnectionPool[psycopg.Connection[dict[str, Any]]]:
+        if self._sync_pool is None:
+            dsn = require_dsn(self.settings.database_url)
+            self._sync_pool = ConnectionPool(
+                dsn, min_size=1, max_size=self.settings.pool_max_size,
+                kwargs={"autocommit": True, "row_factory": dict_row,
+                        "application_name": "notifyq"},
+                connection_class=psycopg.Connection[dict[str, Any]], open=True)
+        return self._sync_pool
+
+    # -- run control --------------------------------------------------------------------------
+
+    async def get_run(self, run_id: UUID | str) -> Run:
+        async with (await self.pool()).connection() as conn:
+            return await self.runs.get(conn, _uuid(run_id))
+
+    async def list_runs(self, **filters: Any) -> list[Run]:
+        async with (await self.pool()).connection() as conn:
+            return await self.runs.list(conn, **filters)
+
+    async def cancel(self, run_id: UUID | str) -> Run:
+        async with (await self.pool()).connection() as conn:
+            return await self.runs.cancel(conn, _uuid(run_id))
+
+    async def retry(self, run_id: UUID | str) -> Run:
+        async with (await self.pool()).connection() as conn:
+            return await self.runs.retry(conn, _uuid(run_id))
+
+    async def stats(self) -> Stats:
+        async with (await self.pool()).connection() as conn:
+            return await self.runs.stats(conn)
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def worker(self, *, concurrency: int | None = None, pools: list[str] | None = None,
+               burst: bool = False) -> Worker:
+        """Build (not start) a worker; :meth:`run_worker` is the usual entry point."""
+        assert self._pool is not None, "open the app first (await app.pool())"
+        cfg = self.settings.worker
+        if pools is None:
+            pools = list(cfg.pools) if "pools" in cfg.model_fields_set else sorted(
+                {"default", *self.registry.pools()})
+        return Worker(
+            db=self._pool, queries=self.queries, clock=self.clock, settings=self.settings,
+            registry=self.registry,
+            listen_dsn=self.settings.listen_database_url or self.settings.database_url,
+            concurrency=concurrency or cfg.concurrency, pools=pools, burst=burst)
+
+    async def run_worker(self, *, concurrency: int | None = None, pools: list[str] | None = None,
+                         burst: bool = False) -> None:
+        """Run a worker in this process until cancelled (then shut down gracefully), or in
+        burst mode until nothing is runnable."""
+        db = await self.pool()
+        async with db.connection() as conn:
+            await migrations.require_current(conn, self.settings.schema_name)
+            for spec in self.registry.specs():
+                params = spec.definition()
+                params["retry_policy"] = psycopg.types.json.Jsonb(params["retry_policy"])
+                await conn.execute(self.queries.job_upsert, params)
+        worker = self.worker(concurrency=concurrency, pools=pools, burst=burst)
+        log.info("worker %s: pools %s, concurrency %d, handlers %s", worker.id,
+                 ",".join(worker.producers), worker.slots.size,
+                 ",".join(s.job_type for s in self.registry.specs()) or "-")
+        await worker.run()
+
+
+def _uuid(value: UUID | str) -> UUID:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(value)
+    except ValueError:
+        raise ValueError(f"not a run id (UUID): {value!r}") from None

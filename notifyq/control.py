@@ -1,0 +1,87 @@
+"""Operations on existing runs: get, list, cancel, retry, stats (CLI and API share these)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from notifyq.clock import Clock
+from notifyq.db.pool import AsyncConn
+from notifyq.db.queries import Queries
+from notifyq.errors import InvalidTransition, RunNotFound
+from notifyq.notifier import cancel_payload, wake_payload
+from notifyq.run import Run, RunStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    counts: list[dict[str, Any]]
+    """Rows of {job_type, pool, status, count}."""
+    runnable: list[dict[str, Any]]
+    """Per pool: {pool, runnable, oldest_age_s} for runs runnable now."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"counts": self.counts, "runnable": self.runnable}
+
+
+class RunControl:
+    def __init__(self, queries: Queries, clock: Clock) -> None:
+        self._q = queries
+        self._clock = clock
+
+    async def get(self, conn: AsyncConn, run_id: UUID) -> Run:
+        row = await (await conn.execute(self._q.job_run_get, {"id": run_id})).fetchone()
+        if row is None:
+            raise RunNotFound(f"no run {run_id}")
+        return Run.from_row(row)
+
+    async def list(self, conn: AsyncConn, *, status: str | None = None,
+                   job_type: str | None = None, pool: str | None = None, tag: str | None = None,
+                   limit: int = 50, before: tuple[datetime, UUID] | None = None) -> list[Run]:
+        if status is not None:
+            RunStatus(status)  # ValueError names the bad status
+        cur = await conn.execute(self._q.job_run_list, {
+            "status": status, "job_type": job_type, "pool": pool, "tag": tag,
+            "limit": max(1, min(limit, 1000)),
+            "before_created_at": before[0] if before else None,
+            "before_id": before[1] if before else None})
+        return [Run.from_row(r) for r in await cur.fetchall()]
+
+    async def cancel(self, conn: AsyncConn, run_id: UUID) -> Run:
+        """Cancel a pending or waiting run at once; ask a running one's worker to stop."""
+        async with conn.transaction():
+            row = await (await conn.execute(self._q.job_run_cancel, {
+                "id": run_id, "now": self._clock.db_now()})).fetchone()
+            if row is None:
+                await self._explain(conn, run_id, "cancel")
+            assert row is not None
+            if row["status"] == RunStatus.RUNNING:
+                await self._notify(conn, [cancel_payload(run_id)])
+        return Run.from_row(row)
+
+    async def retry(self, conn: AsyncConn, run_id: UUID) -> Run:
+        """Put a failed, canceled or timed-out run back to pending, runnable now."""
+        async with conn.transaction():
+            row = await (await conn.execute(self._q.job_run_retry, {
+                "id": run_id, "now": self._clock.db_now()})).fetchone()
+            if row is None:
+                await self._explain(conn, run_id, "retry")
+            assert row is not None
+            await self._notify(conn, [wake_payload(row["pool"])])
+        return Run.from_row(row)
+
+    async def stats(self, conn: AsyncConn) -> Stats:
+        counts = await (await conn.execute(self._q.job_run_count_by_status)).fetchall()
+        runnable = await (await conn.execute(self._q.job_run_oldest_runnable, {
+            "now": self._clock.db_now()})).fetchall()
+        return Stats(counts, runnable)
+
+    async def _explain(self, conn: AsyncConn, run_id: UUID, action: str) -> None:
+        run = await self.get(conn, run_id)
+        raise InvalidTransition(f"cannot {action} run {run_id}: it is {run.status.value}")
+
+    async def _notify(self, conn: AsyncConn, payloads: list[str]) -> None:
+        await conn.execute(self._q.job_run_notify, {"channel": self._q.schema,
+                                                     "payloads": payloads})

@@ -1,0 +1,1 @@
+"""Database access: the SQL files, the named-query registry, connections and migrations."""

@@ -1,0 +1,1 @@
+"""Claiming, executing and finishing runs."""

@@ -1,0 +1,131 @@
+"""Deciding what happens to a run after its handler returns: one pure function.
+
+``decide(run, result, policy, now, rng)`` maps what the handler did to a frozen
+:class:`Outcome`; the completer persists it with one fenced statement. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from notifyq.dispatch.retry import RetryPolicy
+from notifyq.errors import Permanent, Snooze
+from notifyq.run import RunInfo, RunStatus
+
+STACK_LIMIT = 8_000
+MESSAGE_LIMIT = 2_000
+
+
+@dataclass(frozen=True, slots=True)
+class Succeeded:
+    output: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Raised:
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Canceled:
+    """Someone asked for the run to be canceled and the handler was interrupted."""
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """The worker shut down before the handler finished: the run goes back unharmed."""
+
+
+Result = Succeeded | Raised | TimedOut | Canceled | Released
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What to write about a finished execution."""
+
+    status: RunStatus
+    output: str | None = None
+    error: str | None = None
+    run_at: datetime | None = None
+    refund: int = 0
+    """Attempts given back (1 for snooze and release: they do not count)."""
+
+    @property
+    def kind(self) -> str:
+        if self.status is RunStatus.PENDING:
+            return "released" if self.error is None and self.refund else (
+                "snoozed" if self.refund else "retried")
+        return self.status.value
+
+
+def decide(
+    run: RunInfo, result: Result, policy: RetryPolicy, now: datetime, rng: random.Random
+) -> Outcome:
+    match result:
+        case Succeeded(output):
+            return Outcome(RunStatus.COMPLETED, output=_dump_output(output))
+        case Raised(Snooze(seconds=seconds)):
+            return Outcome(RunStatus.PENDING, run_at=now + timedelta(seconds=seconds), refund=1)
+        case Raised(Permanent() as perm):
+            return Outcome(RunStatus.FAILED, error=error_json(perm.error, run.attempt, False))
+        case Raised(error) if not policy.retryable(error) or run.last_attempt:
+            return Outcome(RunStatus.FAILED, error=error_json(error, run.attempt, False))
+        case Raised(error):
+            return _retry(run, policy, now, rng, error_json(error, run.attempt, True))
+        case TimedOut(timeout_s) if run.last_attempt:
+            return Outcome(RunStatus.TIMED_OUT, error=_timeout_json(run, timeout_s, False))
+        case TimedOut(timeout_s):
+            return _retry(run, policy, now, rng, _timeout_json(run, timeout_s, True))
+        case Canceled():
+            return Outcome(RunStatus.CANCELED, error=_json({
+                "message": "canceled while running", "type": "Canceled",
+                "retryable": False, "attempt": run.attempt}))
+        case Released():
+            return Outcome(RunStatus.PENDING, run_at=now, refund=1)
+    raise AssertionError(f"unhandled result {result!r}")  # pragma: no cover
+
+
+def _retry(
+    run: RunInfo, policy: RetryPolicy, now: datetime, rng: random.Random, error: str
+) -> Outcome:
+    delay = policy.delay_s(run.attempt, rng)
+    return Outcome(RunStatus.PENDING, error=error, run_at=now + timedelta(seconds=delay))
+
+
+def error_json(error: BaseException, attempt: int, retryable: bool) -> str:
+    stack = "".join(traceback.format_exception(error))
+    return _json({
+        "message": str(error)[:MESSAGE_LIMIT] or type(error).__name__,
+        "type": f"{type(error).__module__}.{type(error).__qualname__}",
+        "stack": stack[-STACK_LIMIT:],
+        "retryable": retryable,
+        "attempt": attempt,
+    })
+
+
+def _timeout_json(run: RunInfo, timeout_s: float, retryable: bool) -> str:
+    return _json({"message": f"timed out after {timeout_s:g} s", "type": "TimeoutError",
+                  "retryable": retryable, "attempt": run.attempt})
+
+
+def _dump_output(output: Any) -> str | None:
+    if output is None:
+        return None
+    try:
+        return json.dumps(output, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"handler output is not JSON-serializable: {exc}") from exc
+
+
+def _json(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)

@@ -1,0 +1,115 @@
+"""Handler registrations: what a worker can run, and with which policies."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+from notifyq.context import JobContext
+from notifyq.dispatch.retry import RetryPolicy
+from notifyq.enqueue import JOB_TYPE, POOL
+from notifyq.errors import ConfigError
+
+log = logging.getLogger("notifyq")
+
+HandlerFn = Callable[[JobContext], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    job_type: str
+    call: HandlerFn
+    is_async: bool
+    retry: RetryPolicy
+    timeout_s: float | None
+    pool: str
+    priority: int
+    version: int
+
+    def definition(self) -> dict[str, Any]:
+        """The row this handler upserts into ``job``."""
+        return {"type": self.job_type, "version": self.version, "pool": self.pool,
+                "priority": self.priority, "max_attempts": self.retry.attempts,
+                "retry_policy": self.retry.to_json(), "timeout_s": self.timeout_s}
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodicSpec:
+    job_type: str
+    every: timedelta
+    input: dict[str, Any] | list[Any]
+
+    @property
+    def name(self) -> str:
+        return f"{self.job_type}@{int(self.every.total_seconds() * 1000)}ms"
+
+
+class Registry:
+    def __init__(self, env: Literal["production", "development", "test"]) -> None:
+        self._env = env
+        self._handlers: dict[str, HandlerSpec] = {}
+        self._by_function: dict[int, str] = {}
+        self.periodic: list[PeriodicSpec] = []
+
+    def register(self, job_type: str, target: Any, *, retry: RetryPolicy | None,
+                 timeout_s: float | None, pool: str, priority: int, version: int) -> HandlerSpec:
+        if not JOB_TYPE.match(job_type):
+            raise ConfigError(f"invalid job type {job_type!r}: it must match {JOB_TYPE.pattern}")
+        if not POOL.match(pool):
+            raise ConfigError(f"invalid pool {pool!r}: it must match {POOL.pattern}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
+        if job_type in self._handlers:
+            self._duplicate(job_type)
+        call = _callable(target)
+        spec = HandlerSpec(job_type, call, _is_async(call), retry or RetryPolicy(), timeout_s,
+                           pool, priority, version)
+        self._handlers[job_type] = spec
+        self._by_function[id(target)] = job_type
+        return spec
+
+    def _duplicate(self, job_type: str) -> None:
+        message = f"handler for {job_type!r} registered twice"
+        if self._env == "production":
+            raise ConfigError(message + " (set NOTIFYQ_ENV=development to allow overwriting)")
+        if self._env == "development":
+            log.warning("%s; the later one wins", message)
+
+    def get(self, job_type: str) -> HandlerSpec | None:
+        return self._handlers.get(job_type)
+
+    def type_of(self, target: Any) -> str | None:
+        return self._by_function.get(id(target))
+
+    def specs(self) -> list[HandlerSpec]:
+        return list(self._handlers.values())
+
+    def pools(self) -> list[str]:
+        return sorted({s.pool for s in self._handlers.values()})
+
+
+def _callable(target: Any) -> HandlerFn:
+    """Functions are used as they are; classes are instantiated (no arguments) and instances
+    are used through their ``handle`` method."""
+    if inspect.isclass(target):
+        target = target()
+    if inspect.isfunction(target) or inspect.ismethod(target):
+        return target  # type: ignore[no-any-return]
+    handle = getattr(target, "handle", None)
+    if callable(handle):
+        return handle  # type: ignore[no-any-return]
+    if callable(target):
+        return target  # type: ignore[no-any-return]
+    raise ConfigError(f"handler {target!r} is neither a function nor has a handle(ctx) method")
+
+
+def _is_async(call: HandlerFn) -> bool:
+    return inspect.iscoroutinefunction(call) or inspect.iscoroutinefunction(
+        getattr(call, "__call__", None))
+
+
+AsyncHandler = Callable[[JobContext], Awaitable[Any]]

@@ -1,0 +1,103 @@
+"""Runs: one row of ``job_run``, as callers see it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+
+class RunStatus(StrEnum):
+    """``pending → running → completed``; failures go back to ``pending`` while attempts remain,
+    else to ``failed`` (the dead-letter). ``waiting`` is a durable wait; ``timed_out`` and
+    ``canceled`` are terminal too."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELED = "canceled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.TIMED_OUT,
+                       RunStatus.CANCELED})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    """A run as stored. ``error`` is ``{message, type, stack, retryable, attempt}``."""
+
+    id: UUID
+    job_type: str
+    status: RunStatus
+    input: Any
+    pool: str
+    priority: int
+    run_at: datetime
+    attempts: int
+    max_attempts: int
+    created_at: datetime
+    output: Any = None
+    error: dict[str, Any] | None = None
+    tags: list[str] | None = None
+    dedupe_key: str | None = None
+    timeout_s: float | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    updated_at: datetime | None = None
+    claimed_at: datetime | None = None
+    leased_by: str | None = None
+    lease_expires_at: datetime | None = None
+    cancel_requested_at: datetime | None = None
+    parent_run_id: UUID | None = None
+    root_run_id: UUID | None = None
+    trigger_source: str | None = None
+    trigger_ref: str | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Run:
+        values = {name: row[name] for name in _RUN_FIELDS if name in row}
+        values["status"] = RunStatus(row["status"])
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (ids and times as strings)."""
+        out: dict[str, Any] = {}
+        for name in _RUN_FIELDS:
+            value = getattr(self, name)
+            out[name] = value.isoformat() if isinstance(value, datetime) else (
+                str(value) if isinstance(value, UUID) else value)
+        return out
+
+
+_RUN_FIELDS = tuple(f.name for f in fields(Run))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunInfo:
+    """What a handler knows about the run it executes (``ctx.run``)."""
+
+    id: UUID
+    job_type: str
+    attempt: int
+    max_attempts: int
+    pool: str
+    priority: int
+    run_at: datetime
+    created_at: datetime
+    tags: list[str]
+    timeout_s: float | None = None
+    parent_run_id: UUID | None = None
+    root_run_id: UUID | None = None
+
+    @property
+    def last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts

@@ -1,0 +1,175 @@
+"""Configuration: one pydantic model tree.
+
+Sources, highest first: keyword arguments, ``NOTIFYQ_*`` environment variables (nested fields
+with ``__``, e.g. ``NOTIFYQ_WORKER__CONCURRENCY=20``), then the YAML file named by
+``NOTIFYQ_CONFIG_FILE`` or ``./notifyq.yaml`` when it exists. Invalid values stop the start with
+a :class:`~notifyq.errors.ConfigError` naming the setting and its environment variable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from notifyq.errors import ConfigError
+
+POOL_NAME = re.compile(r"^[a-z0-9_][a-z0-9_.:-]{0,63}$")
+SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkerSettings(_Section):
+    concurrency: Annotated[int, Field(ge=1, le=10_000)] = 10
+    """Handlers run at once per process. Defaults to 10."""
+    pools: list[str] = Field(default_factory=lambda: ["default"])
+    """Pools this worker claims from, one producer each. Defaults to ["default"]."""
+    poll_interval_s: Seconds = 1.0
+    """Fallback poll, jittered by ±10 %, for notifications that never came. Defaults to 1.0."""
+    lease_s: Seconds = 30.0
+    """How long a claim is valid without a heartbeat. Defaults to 30.0."""
+    heartbeat_interval_s: Seconds | None = None
+    """How often running leases are extended (one statement for all). Defaults to lease_s / 3."""
+    shutdown_grace_s: Annotated[float, Field(ge=0)] = 10.0
+    """On shutdown, how long running handlers may finish before they are cancelled and their
+    runs released. Defaults to 10.0."""
+    listen: bool = True
+    """Use LISTEN/NOTIFY for instant wake-ups; False is poll-only (PgBouncer in transaction
+    mode without a listener DSN). Defaults to True."""
+    completer_batch_max: Annotated[int, Field(ge=1, le=10_000)] = 500
+    """Most write-backs in one statement. Defaults to 500."""
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkerSettings:
+        for pool in self.pools:
+            if not POOL_NAME.match(pool):
+                raise ValueError(f"pool name {pool!r} must match {POOL_NAME.pattern}")
+        if not self.pools:
+            raise ValueError("pools must name at least one pool")
+        if self.heartbeat_interval_s is not None and self.heartbeat_interval_s >= self.lease_s:
+            raise ValueError(
+                f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be less than "
+                f"lease_s ({self.lease_s})"
+            )
+        return self
+
+    @property
+    def heartbeat_every_s(self) -> float:
+        return self.heartbeat_interval_s or self.lease_s / 3
+
+
+class ReaperSettings(_Section):
+    enabled: bool = True
+    """Defaults to True."""
+    interval_s: Seconds = 5.0
+    """Defaults to 5.0."""
+    batch_size: Annotated[int, Field(ge=1)] = 1000
+    """Most runs rescued per statement. Defaults to 1000."""
+
+
+class PurgerSettings(_Section):
+    enabled: bool = True
+    """Defaults to True."""
+    interval_s: Seconds = 60.0
+    """Defaults to 60.0."""
+    batch_size: Annotated[int, Field(ge=1)] = 2000
+    """Most rows deleted per statement (each batch is its own short transaction). Defaults to
+    2000."""
+    completed_retention_s: Seconds = 86_400.0
+    """Completed runs are kept this long. Defaults to 1 day."""
+    failed_retention_s: Seconds = 7 * 86_400.0
+    """Failed and timed-out runs (the dead-letter) are kept this long. Defaults to 7 days."""
+    canceled_retention_s: Seconds = 86_400.0
+    """Defaults to 1 day."""
+
+
+class LeaderSettings(_Section):
+    ttl_s: Seconds = 15.0
+    """A leader that stops renewing loses the role after this. Defaults to 15.0."""
+
+
+class Settings(BaseSettings):
+    """Everything notifyq reads from its environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="NOTIFYQ_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    database_url: str | None = None
+    """libpq connection string or URL. Required (the sidecar can embed one instead)."""
+    listen_database_url: str | None = None
+    """A separate DSN for the LISTEN connection (e.g. direct to PostgreSQL when the pool goes
+    through PgBouncer in transaction mode). Defaults to database_url."""
+    schema_name: str = "notifyq"
+    """The PostgreSQL schema holding notifyq's tables. Defaults to "notifyq"."""
+    env: Literal["production", "development", "test"] = "production"
+    """Defaults to "production"."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Defaults to "INFO"."""
+    pool_max_size: Annotated[int, Field(ge=1, le=1000)] = 10
+    """Connections in the process's pool. Defaults to 10."""
+    max_input_bytes: Annotated[int, Field(ge=1, le=65_536)] = 65_536
+    """Largest serialized input accepted. Defaults to 65536 (the hard limit)."""
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    reaper: ReaperSettings = Field(default_factory=ReaperSettings)
+    purger: PurgerSettings = Field(default_factory=PurgerSettings)
+    leader: LeaderSettings = Field(default_factory=LeaderSettings)
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if not SCHEMA_NAME.match(self.schema_name):
+            raise ValueError(f"schema_name {self.schema_name!r} must match {SCHEMA_NAME.pattern}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = os.environ.get("NOTIFYQ_CONFIG_FILE")
+        if path and not Path(path).is_file():
+            raise ConfigError(f"NOTIFYQ_CONFIG_FILE: no such file {path!r}")
+        path = path or ("notifyq.yaml" if Path("notifyq.yaml").is_file() else None)
+        if path:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and validate the settings; raise ConfigError naming every bad setting."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors(include_input=False, include_url=False):
+        path = [str(part) for part in error["loc"]]
+        env = "NOTIFYQ_" + "__".join(part.upper() for part in path) if path else "NOTIFYQ_*"
+        where = ".".join(path) or "settings"
+        problems.append(f"{where} ({env}): {error['msg']}")
+    return "invalid configuration: " + "; ".join(problems)
