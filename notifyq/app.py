@@ -11,6 +11,7 @@ from uuid import UUID
 import anyio
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from notifyq.clock import Clock, SystemClock
@@ -169,8 +170,7 @@ class App:
         db = await self.pool()
         async with db.connection() as own:
             run = await self._enqueue_on(own, prepared, notify=False)
-        assert self._waker is not None
-        await self._waker.wake({run.pool})
+        await self._wake({run.pool})
         return run
 
     async def enqueue_many(self, items: Iterable[EnqueueRequest | Mapping[str, Any]], *,
@@ -188,8 +188,7 @@ class App:
         db = await self.pool()
         async with db.connection() as own, own.transaction():
             runs = await self._insert_many(own, prepared)
-        assert self._waker is not None
-        await self._waker.wake({r.pool for r in runs})
+        await self._wake({r.pool for r in runs})
         return runs
 
     def enqueue_sync(self, job_type: str, input: Any = None, *,
@@ -207,6 +206,10 @@ class App:
         with self._sync().connection() as own:
             return self._enqueue_on_sync(own, prepared)
 
+    async def _wake(self, pools: set[str]) -> None:
+        if self._waker is not None:
+            await self._waker.wake(pools)
+
     def _prepare(self, request: EnqueueRequest) -> Prepared:
         return prepare(request, self.settings.max_input_bytes)
 
@@ -218,7 +221,8 @@ class App:
                 row = await cur.fetchone()
         except psycopg.errors.DataException as exc:  # the SQL function's own validation
             raise translate_db_error(exc) from None
-        assert row is not None
+        if row is None:  # pragma: no cover - _enqueue always returns a row
+            raise RuntimeError("enqueue returned no row")
         return Run.from_row(row)
 
     def _enqueue_on_sync(self, conn: psycopg.Connection[Any], prepared: Prepared) -> Run:
@@ -228,7 +232,8 @@ class App:
                 row = cur.fetchone()
         except psycopg.errors.DataException as exc:
             raise translate_db_error(exc) from None
-        assert row is not None
+        if row is None:  # pragma: no cover - _enqueue always returns a row
+            raise RuntimeError("enqueue returned no row")
         return Run.from_row(row)
 
     async def _insert_many(self, conn: psycopg.AsyncConnection[Any],
@@ -271,7 +276,7 @@ class App:
 
     async def list_runs(self, **filters: Any) -> list[Run]:
         async with (await self.pool()).connection() as conn:
-            return await self.runs.list(conn, **filters)
+            return await self.runs.list_runs(conn, **filters)
 
     async def cancel(self, run_id: UUID | str) -> Run:
         async with (await self.pool()).connection() as conn:
@@ -290,7 +295,8 @@ class App:
     def worker(self, *, concurrency: int | None = None, pools: list[str] | None = None,
                burst: bool = False) -> Worker:
         """Build (not start) a worker; :meth:`run_worker` is the usual entry point."""
-        assert self._pool is not None, "open the app first (await app.pool())"
+        if self._pool is None:
+            raise RuntimeError("open the app first: await app.pool() or async with app")
         cfg = self.settings.worker
         if pools is None:
             pools = list(cfg.pools) if "pools" in cfg.model_fields_set else sorted(
@@ -310,7 +316,7 @@ class App:
             await migrations.require_current(conn, self.settings.schema_name)
             for spec in self.registry.specs():
                 params = spec.definition()
-                params["retry_policy"] = psycopg.types.json.Jsonb(params["retry_policy"])
+                params["retry_policy"] = Jsonb(params["retry_policy"])
                 await conn.execute(self.queries.job_upsert, params)
         worker = self.worker(concurrency=concurrency, pools=pools, burst=burst)
         log.info("worker %s: pools %s, concurrency %d, handlers %s", worker.id,

@@ -12,7 +12,9 @@ from notifyq.run import RunInfo
 class RunLogger(logging.LoggerAdapter[logging.Logger]):
     """Adds the run id and type to every record (as ``extra`` and in the message)."""
 
-    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
         extra = self.extra or {}
         kwargs["extra"] = {**extra, **kwargs.get("extra", {})}
         return f"[{extra['run_type']} {extra['run_id']}] {msg}", kwargs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 from uuid import UUID
 
 from notifyq.clock import Clock
@@ -37,7 +37,7 @@ class RunControl:
             raise RunNotFound(f"no run {run_id}")
         return Run.from_row(row)
 
-    async def list(self, conn: AsyncConn, *, status: str | None = None,
+    async def list_runs(self, conn: AsyncConn, *, status: str | None = None,
                    job_type: str | None = None, pool: str | None = None, tag: str | None = None,
                    limit: int = 50, before: tuple[datetime, UUID] | None = None) -> list[Run]:
         if status is not None:
@@ -56,7 +56,6 @@ class RunControl:
                 "id": run_id, "now": self._clock.db_now()})).fetchone()
             if row is None:
                 await self._explain(conn, run_id, "cancel")
-            assert row is not None
             if row["status"] == RunStatus.RUNNING:
                 await self._notify(conn, [cancel_payload(run_id)])
         return Run.from_row(row)
@@ -68,7 +67,6 @@ class RunControl:
                 "id": run_id, "now": self._clock.db_now()})).fetchone()
             if row is None:
                 await self._explain(conn, run_id, "retry")
-            assert row is not None
             await self._notify(conn, [wake_payload(row["pool"])])
         return Run.from_row(row)
 
@@ -78,7 +76,7 @@ class RunControl:
             "now": self._clock.db_now()})).fetchall()
         return Stats(counts, runnable)
 
-    async def _explain(self, conn: AsyncConn, run_id: UUID, action: str) -> None:
+    async def _explain(self, conn: AsyncConn, run_id: UUID, action: str) -> NoReturn:
         run = await self.get(conn, run_id)
         raise InvalidTransition(f"cannot {action} run {run_id}: it is {run.status.value}")
 

@@ -77,15 +77,15 @@ def prepare(request: EnqueueRequest, max_input_bytes: int = MAX_INPUT_BYTES) -> 
     """Validate a request; raise InvalidEnqueue naming the problem."""
     _check_type(request.job_type)
     input_json = encode_input(request.input, max_input_bytes)
-    if request.pool is not None and not (isinstance(request.pool, str) and POOL.match(request.pool)):
+    pool = request.pool
+    if pool is not None and not (isinstance(pool, str) and POOL.match(pool)):
         raise InvalidEnqueue(f"invalid pool {request.pool!r}: it must match {POOL.pattern}")
     _check_range("priority", request.priority, PRIORITY_RANGE)
     _check_range("max_attempts", request.max_attempts, MAX_ATTEMPTS_RANGE)
     _check_run_at(request.run_at)
     _check_tags(request.tags)
-    if request.dedupe_key is not None and (
-        not isinstance(request.dedupe_key, str) or not 0 < len(request.dedupe_key) <= MAX_DEDUPE_KEY_LEN
-    ):
+    key = request.dedupe_key
+    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= MAX_DEDUPE_KEY_LEN):
         raise InvalidEnqueue(f"dedupe_key must be a string of 1 to {MAX_DEDUPE_KEY_LEN} characters")
     return Prepared(request, input_json, uuid.uuid4())
 
@@ -150,7 +150,8 @@ def _check_run_at(run_at: datetime | None) -> None:
     if not isinstance(run_at, datetime) or run_at.tzinfo is None:
         raise InvalidEnqueue("run_at must be a timezone-aware datetime")
     if not RUN_AT_RANGE[0] <= run_at < RUN_AT_RANGE[1]:
-        raise InvalidEnqueue(f"run_at {run_at.isoformat()} is out of range [2000-01-01, 3000-01-01)")
+        raise InvalidEnqueue(
+            f"run_at {run_at.isoformat()} is out of range [2000-01-01, 3000-01-01)")
 
 
 def _check_tags(tags: Sequence[str] | None) -> None:

@@ -66,7 +66,7 @@ class LeaseLost(NotifyqError):
     """
 
 
-class Permanent(Exception):  # noqa: N818 - reads as "raise Permanent(err)"
+class Permanent(Exception):
     """Raise from a handler to dead-letter the run at once, without retrying.
 
     Example::
@@ -79,7 +79,7 @@ class Permanent(Exception):  # noqa: N818 - reads as "raise Permanent(err)"
         super().__init__(str(self.error))
 
 
-class Snooze(Exception):  # noqa: N818 - reads as "raise Snooze(30)"
+class Snooze(Exception):
     """Raise from a handler to run again after ``seconds`` without using up an attempt.
 
     Example::

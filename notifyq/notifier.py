@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 import psycopg
@@ -121,7 +120,7 @@ class WakeSender:
     and N concurrent enqueues cost about two NOTIFYs, not N.
     """
 
-    def __init__(self, pool: AsyncConnectionPool[Any], queries: Queries) -> None:
+    def __init__(self, pool: AsyncConnectionPool[AsyncConn], queries: Queries) -> None:
         self._pool = pool
         self._q = queries
         self._requested: dict[str, int] = {}

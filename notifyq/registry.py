@@ -98,7 +98,7 @@ def _callable(target: Any) -> HandlerFn:
     if inspect.isclass(target):
         target = target()
     if inspect.isfunction(target) or inspect.ismethod(target):
-        return target  # type: ignore[no-any-return]
+        return target
     handle = getattr(target, "handle", None)
     if callable(handle):
         return handle  # type: ignore[no-any-return]
@@ -109,7 +109,7 @@ def _callable(target: Any) -> HandlerFn:
 
 def _is_async(call: HandlerFn) -> bool:
     return inspect.iscoroutinefunction(call) or inspect.iscoroutinefunction(
-        getattr(call, "__call__", None))
+        type(call).__call__)
 
 
 AsyncHandler = Callable[[JobContext], Awaitable[Any]]

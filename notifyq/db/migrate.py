@@ -11,7 +11,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, LiteralString, cast
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
@@ -91,7 +91,7 @@ async def migrate(conn: AnyConn, schema: str) -> list[Migration]:
         for migration in current.pending:
             async with conn.transaction():
                 await conn.execute(q.migration_search_path_set, {"schema_name": schema})
-                await conn.execute(cast(LiteralString, migration.sql), prepare=False)
+                await conn.execute(migration.sql, prepare=False)
                 await conn.execute(q.migration_record, {
                     "version": migration.version,
                     "name": migration.name,

@@ -23,7 +23,9 @@ def require_dsn(dsn: str | None) -> str:
     return dsn
 
 
-async def open_pool(dsn: str, *, max_size: int, name: str = "notifyq") -> AsyncConnectionPool[AsyncConn]:
+async def open_pool(
+    dsn: str, *, max_size: int, name: str = "notifyq"
+) -> AsyncConnectionPool[AsyncConn]:
     """Open the process's pool. Connections are autocommit: each statement is a short
     transaction unless a caller opens one explicitly with ``conn.transaction()``."""
     pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from typing import LiteralString, cast
 
 from psycopg import sql
 
@@ -47,14 +46,14 @@ class Queries:
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
-        ident = sql.Identifier(schema).as_string(None)
-        self._sql: dict[str, LiteralString] = {
-            name: cast(LiteralString, sql.SQL(cast(LiteralString, body)).format(
-                schema=sql.SQL(cast(LiteralString, ident))).as_string(None))
+        ident = sql.Identifier(schema)
+        # mypy reads LiteralString as str; the bodies come only from the packaged SQL files.
+        self._sql: dict[str, str] = {
+            name: sql.SQL(body).format(schema=ident).as_string(None)
             for name, body in _raw_queries().items()
         }
 
-    def __getattr__(self, name: str) -> LiteralString:
+    def __getattr__(self, name: str) -> str:
         try:
             return self._sql[name]
         except KeyError:

@@ -21,6 +21,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq.clock import Clock
+from notifyq.db.pool import AsyncConn
 from notifyq.db.queries import Queries
 from notifyq.dispatch.outcome import Outcome
 from notifyq.errors import LeaseLost, NotifyqError
@@ -28,7 +29,7 @@ from notifyq.errors import LeaseLost, NotifyqError
 log = logging.getLogger("notifyq.completer")
 
 
-class CompleterClosed(NotifyqError):
+class CompleterClosedError(NotifyqError):
     """The completer stopped before this write could be made (the run's lease will expire)."""
 
 
@@ -45,7 +46,7 @@ class _Pending:
 class Completer:
     """Batches fenced write-backs; one per worker process."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], queries: Queries, clock: Clock, *,
+    def __init__(self, pool: AsyncConnectionPool[AsyncConn], queries: Queries, clock: Clock, *,
                  batch_max: int = 500, on_written: Callable[[str, str], None] | None = None,
                  retry_for_s: float = 30.0) -> None:
         self._pool = pool
@@ -66,7 +67,7 @@ class Completer:
         try:
             await self._send.send(item)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise CompleterClosed("completer is closed") from None
+            raise CompleterClosedError("completer is closed") from None
         await item.done.wait()
         if item.failure is not None:
             raise item.failure
@@ -123,8 +124,6 @@ class Completer:
                 async with self._pool.connection() as conn:
                     cur = await conn.execute(self._q.job_run_finish_many, params)
                     rows = await cur.fetchall()
-                self.batches += 1
-                return rows
             except psycopg.OperationalError as exc:
                 # The database is restarting or the connection was killed. A retried batch that
                 # had in fact committed matches nothing the second time (reported as lease
@@ -134,3 +133,6 @@ class Completer:
                 log.warning("write-back failed (%s); retrying in %.2f s", type(exc).__name__, delay)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+            else:
+                self.batches += 1
+                return rows

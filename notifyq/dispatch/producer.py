@@ -18,6 +18,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq.clock import Clock
+from notifyq.db.pool import AsyncConn
 from notifyq.db.queries import Queries
 
 log = logging.getLogger("notifyq.producer")
@@ -54,7 +55,7 @@ class Slots:
 
 
 class Producer:
-    def __init__(self, pool_name: str, *, db: AsyncConnectionPool[Any], queries: Queries,
+    def __init__(self, pool_name: str, *, db: AsyncConnectionPool[AsyncConn], queries: Queries,
                  clock: Clock, slots: Slots, worker_id: str, lease_s: float,
                  poll_interval_s: float, start: Callable[[dict[str, Any]], None],
                  burst: bool = False) -> None:

@@ -21,6 +21,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq.clock import Clock
+from notifyq.db.pool import AsyncConn
 from notifyq.db.queries import Queries
 from notifyq.dispatch.completer import Completer
 from notifyq.dispatch.executor import Execution, Executor
@@ -44,7 +45,7 @@ def new_worker_id() -> str:
 
 
 class Worker:
-    def __init__(self, *, db: AsyncConnectionPool[Any], queries: Queries, clock: Clock,
+    def __init__(self, *, db: AsyncConnectionPool[AsyncConn], queries: Queries, clock: Clock,
                  settings: Settings, registry: Registry, listen_dsn: str | None,
                  concurrency: int, pools: list[str], burst: bool = False,
                  maintenance: bool = True) -> None:
@@ -159,7 +160,8 @@ class Worker:
         execution = Execution.from_claim(row)
         self.active[execution.id] = execution
         self._idle = anyio.Event()
-        assert self._handlers is not None
+        if self._handlers is None:  # pragma: no cover - producers start after it is set
+            raise RuntimeError("worker is not running")
         self._handlers.start_soon(self._execute, execution, name=f"run {execution.id}")
 
     async def _execute(self, execution: Execution) -> None:

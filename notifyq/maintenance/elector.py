@@ -11,12 +11,13 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq.clock import Clock
+from notifyq.db.pool import AsyncConn
 from notifyq.db.queries import Queries
 from notifyq.maintenance.runner import every
 
 
 class Elector:
-    def __init__(self, db: AsyncConnectionPool[Any], queries: Queries, clock: Clock, *,
+    def __init__(self, db: AsyncConnectionPool[AsyncConn], queries: Queries, clock: Clock, *,
                  leader_id: str, ttl_s: float = 15.0, name: str = "maintenance") -> None:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")

@@ -8,6 +8,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq.clock import Clock
+from notifyq.db.pool import AsyncConn
 from notifyq.db.queries import Queries
 from notifyq.settings import PurgerSettings
 
@@ -15,7 +16,7 @@ MAX_BATCHES_PER_TICK = 50
 
 
 class Purger:
-    def __init__(self, db: AsyncConnectionPool[Any], queries: Queries, clock: Clock,
+    def __init__(self, db: AsyncConnectionPool[AsyncConn], queries: Queries, clock: Clock,
                  config: PurgerSettings) -> None:
         self._db = db
         self._q = queries

@@ -12,13 +12,14 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq.clock import Clock
+from notifyq.db.pool import AsyncConn
 from notifyq.db.queries import Queries
 from notifyq.notifier import wake_payload
 from notifyq.settings import ReaperSettings
 
 
 class Reaper:
-    def __init__(self, db: AsyncConnectionPool[Any], queries: Queries, clock: Clock,
+    def __init__(self, db: AsyncConnectionPool[AsyncConn], queries: Queries, clock: Clock,
                  config: ReaperSettings) -> None:
         self._db = db
         self._q = queries

@@ -17,6 +17,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq.clock import Clock
+from notifyq.db.pool import AsyncConn
 from notifyq.db.queries import Queries
 from notifyq.enqueue import encode_input
 from notifyq.registry import PeriodicSpec
@@ -34,7 +35,7 @@ def tick_at(now: datetime, every: timedelta) -> datetime:
 
 
 class Scheduler:
-    def __init__(self, db: AsyncConnectionPool[Any], queries: Queries, clock: Clock,
+    def __init__(self, db: AsyncConnectionPool[AsyncConn], queries: Queries, clock: Clock,
                  schedules: list[PeriodicSpec]) -> None:
         self._db = db
         self._q = queries
