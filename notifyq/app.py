@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -37,6 +38,10 @@ from notifyq.settings import Settings, load_settings
 log = logging.getLogger("notifyq")
 
 T = TypeVar("T")
+
+# The SQL function raises 22023 (a DataException) for bad values and 54000 (not one) when the
+# input is too large; both become InvalidEnqueue / PayloadTooLarge.
+_VALIDATION_ERRORS = (psycopg.errors.DataException, psycopg.errors.ProgramLimitExceeded)
 
 
 class App:
@@ -211,6 +216,16 @@ class App:
             await self._waker.wake(pools)
 
     def _prepare(self, request: EnqueueRequest) -> Prepared:
+        # Defaults from a handler registered in this app, so they hold even before any worker
+        # has upserted the job definition the SQL function would otherwise apply.
+        spec = self.registry.get(request.job_type) if isinstance(request.job_type, str) else None
+        if spec is not None:
+            request = dataclasses.replace(
+                request,
+                max_attempts=spec.retry.attempts if request.max_attempts is None
+                else request.max_attempts,
+                pool=spec.pool if request.pool is None else request.pool,
+                priority=spec.priority if request.priority is None else request.priority)
         return prepare(request, self.settings.max_input_bytes)
 
     async def _enqueue_on(self, conn: psycopg.AsyncConnection[Any], prepared: Prepared, *,
@@ -219,7 +234,7 @@ class App:
             async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(self.queries.job_run_enqueue, prepared.params(notify=notify))
                 row = await cur.fetchone()
-        except psycopg.errors.DataException as exc:  # the SQL function's own validation
+        except _VALIDATION_ERRORS as exc:  # the SQL function's own validation
             raise translate_db_error(exc) from None
         if row is None:  # pragma: no cover - _enqueue always returns a row
             raise RuntimeError("enqueue returned no row")
@@ -230,7 +245,7 @@ class App:
             with conn.cursor(row_factory=dict_row) as cur:
                 cur.execute(self.queries.job_run_enqueue, prepared.params(notify=True))
                 row = cur.fetchone()
-        except psycopg.errors.DataException as exc:
+        except _VALIDATION_ERRORS as exc:
             raise translate_db_error(exc) from None
         if row is None:  # pragma: no cover - _enqueue always returns a row
             raise RuntimeError("enqueue returned no row")

@@ -49,10 +49,11 @@ class Notifier:
     """
 
     def __init__(self, dsn: str, queries: Queries, *, ping_interval_s: float = 5.0,
-                 max_backoff_s: float = 5.0) -> None:
+                 ping_timeout_s: float = 5.0, max_backoff_s: float = 5.0) -> None:
         self._dsn = dsn
         self._q = queries
         self._ping_interval_s = ping_interval_s
+        self._ping_timeout_s = ping_timeout_s
         self._max_backoff_s = max_backoff_s
         self._subscribers: list[Subscriber] = []
         self._on_connect: list[Callable[[], None]] = []
@@ -85,7 +86,7 @@ class Notifier:
                             started = True
                         backoff = 0.05
                         await self._pump(conn)
-                except psycopg.Error as exc:
+                except (psycopg.Error, TimeoutError) as exc:
                     log.warning("listener connection lost (%s); reconnecting", type(exc).__name__)
                 finally:
                     self.connected = False
@@ -108,8 +109,11 @@ class Notifier:
             async for note in conn.notifies(timeout=self._ping_interval_s):
                 for callback in self._subscribers:
                     callback(note.payload)
-            # No traffic for a while: make sure the connection is still alive.
-            await conn.execute(self._q.notifier_ping)
+            # No traffic for a while: make sure the connection is still alive. A half-open
+            # connection (server gone without a FIN, or frozen) never answers: without the
+            # timeout the listener would wait here forever and wake-ups would silently stop.
+            with anyio.fail_after(self._ping_timeout_s):
+                await conn.execute(self._q.notifier_ping)
 
 
 class WakeSender:

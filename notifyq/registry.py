@@ -45,7 +45,7 @@ class PeriodicSpec:
 
     @property
     def name(self) -> str:
-        return f"{self.job_type}@{int(self.every.total_seconds() * 1000)}ms"
+        return f"{self.job_type}@{self.every // timedelta(milliseconds=1)}ms"
 
 
 class Registry:

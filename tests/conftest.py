@@ -18,6 +18,18 @@ from notifyq.settings import Settings
 ADMIN_DSN = os.environ.get("NOTIFYQ_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Restarting PostgreSQL would break every test running beside it: the chaos_restart
+    scenarios are deselected (not skipped) unless NOTIFYQ_CHAOS_RESTART=1 asks for them, which
+    .ci/run does in a pytest invocation of their own."""
+    if os.environ.get("NOTIFYQ_CHAOS_RESTART") == "1":
+        return
+    kept = [i for i in items if i.get_closest_marker("chaos_restart") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
+
+
 def dsn_for(database: str) -> str:
     return psycopg.conninfo.make_conninfo(ADMIN_DSN, dbname=database)
 

@@ -168,7 +168,7 @@ BEGIN
         RAISE EXCEPTION 'notifyq: max_attempts % is out of range [1, 1000]', p_max_attempts
             USING ERRCODE = '22023';
     END IF;
-    IF p_run_at IS NOT NULL AND p_run_at NOT BETWEEN '2000-01-01'::timestamptz AND '3000-01-01'::timestamptz THEN
+    IF p_run_at < '2000-01-01+00'::timestamptz OR p_run_at >= '3000-01-01+00'::timestamptz THEN
         RAISE EXCEPTION 'notifyq: run_at % is out of range [2000-01-01, 3000-01-01)', p_run_at
             USING ERRCODE = '22023';
     END IF;
@@ -176,7 +176,8 @@ BEGIN
     SELECT * INTO def FROM job WHERE type = p_job_type;
 
     IF p_dedupe_key IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended(p_job_type || chr(0) || p_dedupe_key, 0));
+        -- Two-key form: text cannot hold chr(0) as a separator, and (type, key) stays unambiguous.
+        PERFORM pg_advisory_xact_lock(hashtext(p_job_type), hashtext(p_dedupe_key));
         SELECT * INTO existing FROM job_run
         WHERE job_type = p_job_type AND dedupe_key = p_dedupe_key
           AND created_at >= now() - make_interval(secs =>

@@ -26,6 +26,7 @@ SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payl
 -- Claims up to `limit` runnable runs of one pool, best priority then oldest run_at first.
 -- SKIP LOCKED lets any number of producers claim concurrently without waiting on each other;
 -- the fence grows by one so write-backs from any earlier claim of the same run match nothing.
+-- `claimed_at` is the database's now: the worker times retries from it, not from its own clock.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 picked AS (
     SELECT id FROM {schema}.job_run, n
@@ -42,7 +43,7 @@ FROM picked, n
 WHERE r.id = picked.id
 RETURNING r.id, r.job_type, r.job_version, r.input, r.pool, r.priority, r.run_at, r.attempts,
           r.max_attempts, r.timeout_s, r.fence, r.tags, r.parent_run_id, r.root_run_id,
-          r.dedupe_key, r.created_at, r.cancel_requested_at
+          r.dedupe_key, r.created_at, r.cancel_requested_at, r.claimed_at
 
 -- name: job_run_next_run_at
 -- When the pool has nothing runnable now: seconds until the earliest scheduled run_at, so the
@@ -55,7 +56,9 @@ WHERE status = 'pending' AND pool = %(pool)s AND run_at > coalesce(%(now)s::time
 -- name: job_run_finish_many
 -- The completer's one statement per batch. Each row is fenced (id + fence + still running), so a
 -- write from a worker whose lease was taken over matches nothing and comes back missing.
--- `refund` gives back the attempt taken at claim (snooze, release at shutdown).
+-- `refund` gives back the attempt taken at claim (snooze, release at shutdown). A run whose
+-- cancel was requested never goes back to pending (a retry, snooze or release would drop the
+-- cancel): it is canceled instead.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 v AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(fences)s::bigint[], %(statuses)s::text[],
@@ -64,14 +67,15 @@ v AS (
         AS v(id, fence, status, output, error, run_at, refund)
 )
 UPDATE {schema}.job_run r
-SET status = v.status,
+SET status = CASE WHEN v.status = 'pending' AND r.cancel_requested_at IS NOT NULL
+                  THEN 'canceled' ELSE v.status END,
     output = coalesce(v.output::jsonb, r.output),
     error = coalesce(v.error::jsonb, r.error),
     run_at = coalesce(v.run_at, r.run_at),
     attempts = r.attempts - v.refund,
     finished_at = CASE WHEN v.status IN ('completed', 'failed', 'timed_out', 'canceled')
+                         OR r.cancel_requested_at IS NOT NULL
                        THEN n.now END,
-    cancel_requested_at = CASE WHEN v.status = 'pending' THEN NULL ELSE r.cancel_requested_at END,
     leased_by = NULL, lease_expires_at = NULL, updated_at = n.now
 FROM v, n
 WHERE r.id = v.id AND r.fence = v.fence AND r.status = 'running'

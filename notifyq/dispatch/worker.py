@@ -155,11 +155,16 @@ class Worker:
         for execution in list(self.active.values()):
             log.warning("run %s still running after shutdown; its lease will expire",
                         execution.id)
+        if self.active and self._handlers is not None:
+            # Handlers that ignore cancellation, or write-backs the completer keeps retrying
+            # (the database is gone), must not hold the process past the deadline.
+            self._handlers.cancel_scope.cancel()
 
     def _start(self, row: dict[str, Any]) -> None:
-        execution = Execution.from_claim(row)
+        execution = Execution.from_claim(row, host_now=self._clock.now())
         self.active[execution.id] = execution
-        self._idle = anyio.Event()
+        if self._idle.is_set():  # a fresh Event only when leaving idle: was one per run (~1 us)
+            self._idle = anyio.Event()
         if self._handlers is None:  # pragma: no cover - producers start after it is set
             raise RuntimeError("worker is not running")
         self._handlers.start_soon(self._execute, execution, name=f"run {execution.id}")

@@ -29,7 +29,8 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def tick_at(now: datetime, every: timedelta) -> datetime:
     """The start of the tick ``now`` falls in."""
-    step = int(every.total_seconds() * 1_000_000)
+    # Integer division is exact; float seconds * 1e6 gives 1000999 µs for 1001 ms.
+    step = every // timedelta(microseconds=1)
     micros = (now - EPOCH) // timedelta(microseconds=1)
     return EPOCH + timedelta(microseconds=micros - micros % step)
 

@@ -1,0 +1,514 @@
+"""The job_run named queries, run directly against a fresh migrated database."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from typing import Any
+from uuid import uuid4
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from notifyq.db.queries import Queries
+from notifyq.enqueue import EnqueueRequest, prepare
+from tests.db.conftest import T0
+from tests.db.helpers import Conn, claim, count, enqueue, finish, get, seconds
+
+# -- enqueue --------------------------------------------------------------------------------------
+
+def test_job_run_enqueue_inserts_a_pending_run_with_defaults(db: Conn, q: Queries) -> None:
+    row = enqueue(db, q, "mail.send", {"to": "a@b.c"}, tags=["x"])
+    assert row["status"] == "pending"
+    assert row["input"] == {"to": "a@b.c"}
+    assert (row["pool"], row["priority"], row["max_attempts"], row["attempts"]) == (
+        "default", 0, 25, 0)
+    assert row["tags"] == ["x"]
+    assert row["trigger_source"] == "manual"
+    assert count(db) == 1
+
+
+def test_job_run_enqueue_applies_the_stored_job_definition(db: Conn, q: Queries) -> None:
+    db.execute(q.job_upsert, {"type": "mail.send", "version": 3, "pool": "mail", "priority": 7,
+                              "max_attempts": 4, "retry_policy": "{}", "timeout_s": 2.5})
+    row = enqueue(db, q, "mail.send")
+    assert (row["job_version"], row["pool"], row["priority"], row["max_attempts"],
+            row["timeout_s"]) == (3, "mail", 7, 4, 2.5)
+    explicit = enqueue(db, q, "mail.send", pool="other", priority=-3, max_attempts=9)
+    assert (explicit["pool"], explicit["priority"], explicit["max_attempts"]) == ("other", -3, 9)
+
+
+def test_job_run_enqueue_with_a_dedupe_key_returns_the_existing_run(db: Conn, q: Queries) -> None:
+    first = enqueue(db, q, "mail.send", {"n": 1}, dedupe_key="welcome:42")
+    second = enqueue(db, q, "mail.send", {"n": 2}, dedupe_key="welcome:42")
+    other_type = enqueue(db, q, "mail.other", {"n": 3}, dedupe_key="welcome:42")
+    assert second["id"] == first["id"]
+    assert second["input"] == {"n": 1}
+    assert other_type["id"] != first["id"]
+    assert count(db) == 2
+
+
+def test_job_run_insert_many_inserts_every_row_with_definition_defaults(db: Conn,
+                                                                        q: Queries) -> None:
+    db.execute(q.job_upsert, {"type": "t.def", "version": 2, "pool": "p1", "priority": 5,
+                              "max_attempts": 3, "retry_policy": "{}", "timeout_s": None})
+    prepared = [prepare(EnqueueRequest(job_type=t, input={"i": i}, tags=["b"] if i else None,
+                                       priority=1 if i == 2 else None))
+                for i, t in enumerate(["t.def", "t.plain", "t.def"])]
+    rows = db.execute(q.job_run_insert_many, {
+        "rows": "[" + ",".join(p.record() for p in prepared) + "]"}).fetchall()
+    by_id = {r["id"]: r for r in rows}
+    assert set(by_id) == {p.id for p in prepared}
+    first, plain, third = (by_id[p.id] for p in prepared)
+    assert (first["pool"], first["priority"], first["max_attempts"], first["job_version"]) == (
+        "p1", 5, 3, 2)
+    assert (plain["pool"], plain["priority"], plain["max_attempts"]) == ("default", 0, 25)
+    assert third["priority"] == 1
+    assert plain["tags"] == ["b"]
+    assert first["tags"] == []
+    assert plain["input"] == {"i": 1}
+
+
+def test_job_run_notify_sends_one_notification_per_payload(dsn: str, db: Conn,
+                                                           q: Queries) -> None:
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute(q.notifier_listen)
+        db.execute(q.job_run_notify, {"channel": "notifyq", "payloads": ["j:a", "c:x"]})
+        got = [n.payload for n in listener.notifies(timeout=2, stop_after=2)]
+    assert sorted(got) == ["c:x", "j:a"]
+
+
+# -- claim ----------------------------------------------------------------------------------------
+
+def test_job_run_claim_takes_best_priority_then_oldest_run_at(db: Conn, q: Queries) -> None:
+    late_urgent = enqueue(db, q, input={"n": "late_urgent"}, priority=-5, run_at=T0 - seconds(1))
+    early_normal = enqueue(db, q, input={"n": "early_normal"}, run_at=T0 - seconds(60))
+    later_normal = enqueue(db, q, input={"n": "later_normal"}, run_at=T0 - seconds(30))
+    early_urgent = enqueue(db, q, input={"n": "early_urgent"}, priority=-5,
+                           run_at=T0 - seconds(10))
+    enqueue(db, q, input={"n": "future"}, priority=-1000, run_at=T0 + seconds(1))
+    enqueue(db, q, input={"n": "other_pool"}, pool="other", run_at=T0 - seconds(90))
+    order = [claim(db, q, T0, limit=1)[0]["id"] for _ in range(4)]
+    assert order == [early_urgent["id"], late_urgent["id"], early_normal["id"],
+                     later_normal["id"]]
+    assert claim(db, q, T0) == []
+    assert count(db, "status = 'pending'") == 2
+
+
+def test_job_run_claim_leases_the_run_and_increments_attempts_and_fence(db: Conn,
+                                                                        q: Queries) -> None:
+    run = enqueue(db, q, run_at=T0)
+    [claimed] = claim(db, q, T0, worker_id="w-a", lease_s=30)
+    assert claimed["id"] == run["id"]
+    assert (claimed["attempts"], claimed["fence"]) == (1, 1)
+    row = get(db, q, run["id"])
+    assert row["status"] == "running"
+    assert row["leased_by"] == "w-a"
+    assert row["claimed_at"] == T0
+    assert row["started_at"] == T0
+    assert row["lease_expires_at"] == T0 + seconds(30)
+    # Back to pending (a retry), claimed again: the fence moves on, started_at stays.
+    finish(db, q, T0, [(run["id"], 1, "pending")], run_at=T0)
+    [again] = claim(db, q, T0 + seconds(5), worker_id="w-b")
+    assert (again["attempts"], again["fence"]) == (2, 2)
+    assert get(db, q, run["id"])["started_at"] == T0
+
+
+def test_job_run_claim_respects_the_limit(db: Conn, q: Queries) -> None:
+    for _ in range(5):
+        enqueue(db, q, run_at=T0)
+    assert len(claim(db, q, T0, limit=3)) == 3
+    assert len(claim(db, q, T0, limit=3)) == 2
+
+
+def test_job_run_claim_skips_rows_locked_by_a_concurrent_claim(db: Conn, db2: Conn,
+                                                               q: Queries) -> None:
+    for _ in range(3):
+        enqueue(db, q, run_at=T0)
+    with db.transaction():
+        first = claim(db, q, T0, limit=2)
+        # db's transaction is still open and holds its rows: db2 must skip them, not wait.
+        second = claim(db2, q, T0, limit=2)
+    assert len(first) == 2
+    assert len(second) == 1
+    assert {r["id"] for r in first}.isdisjoint({r["id"] for r in second})
+
+
+def test_concurrent_claims_never_return_the_same_run(dsn: str, db: Conn, q: Queries) -> None:
+    prepared = [prepare(EnqueueRequest(job_type="t.a", input={"i": i})) for i in range(300)]
+    db.execute(q.job_run_insert_many, {"rows": "[" + ",".join(p.record() for p in prepared) + "]"})
+    claimed: list[list[Any]] = [[] for _ in range(4)]
+    barrier = threading.Barrier(4)
+
+    def worker(slot: int) -> None:
+        with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+            barrier.wait()
+            while rows := claim(conn, q, T0 + timedelta(days=1), limit=7,
+                                worker_id=f"w{slot}"):
+                claimed[slot].extend(r["id"] for r in rows)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    every = [run_id for ids in claimed for run_id in ids]
+    assert len(every) == 300
+    assert len(set(every)) == 300
+    assert count(db, "status = 'running' AND attempts = 1 AND fence = 1") == 300
+
+
+# -- finish ---------------------------------------------------------------------------------------
+
+def test_job_run_finish_many_writes_each_outcome_in_one_statement(db: Conn, q: Queries) -> None:
+    runs = [enqueue(db, q, run_at=T0) for _ in range(3)]
+    claims = {r["id"]: r["fence"] for r in claim(db, q, T0)}
+    a, b, c = (r["id"] for r in runs)
+    rows = db.execute(q.job_run_finish_many, {
+        "now": T0 + seconds(1), "ids": [a, b, c], "fences": [claims[a], claims[b], claims[c]],
+        "statuses": ["completed", "failed", "pending"],
+        "outputs": ['{"ok": true}', None, None],
+        "errors": [None, '{"message": "x"}', '{"message": "y"}'],
+        "run_ats": [None, None, T0 + seconds(60)], "refunds": [0, 0, 1]}).fetchall()
+    assert {r["id"]: r["status"] for r in rows} == {a: "completed", b: "failed", c: "pending"}
+    done, dead, later = get(db, q, a), get(db, q, b), get(db, q, c)
+    assert done["output"] == {"ok": True}
+    assert done["finished_at"] == T0 + seconds(1)
+    assert done["leased_by"] is None
+    assert done["lease_expires_at"] is None
+    assert dead["error"] == {"message": "x"}
+    assert dead["finished_at"] == T0 + seconds(1)
+    assert later["run_at"] == T0 + seconds(60)
+    assert later["finished_at"] is None
+    assert later["attempts"] == 0  # refunded
+
+
+def test_job_run_finish_many_with_a_stale_fence_matches_no_row(db: Conn, q: Queries) -> None:
+    run = enqueue(db, q, run_at=T0)
+    [first] = claim(db, q, T0, lease_s=1)
+    db.execute(q.job_run_reap_expired, {"now": T0 + seconds(2), "limit": 10})
+    [second] = claim(db, q, T0 + seconds(2), worker_id="w2")
+    assert second["fence"] == first["fence"] + 1
+    stale = finish(db, q, T0 + seconds(3), [(run["id"], first["fence"], "completed")],
+                   output='{"by": "w1"}')
+    assert stale == []
+    fresh = finish(db, q, T0 + seconds(3), [(run["id"], second["fence"], "completed")],
+                   output='{"by": "w2"}')
+    assert [r["id"] for r in fresh] == [run["id"]]
+    assert get(db, q, run["id"])["output"] == {"by": "w2"}
+    # A second write with the right fence finds the run no longer running.
+    assert finish(db, q, T0 + seconds(4), [(run["id"], second["fence"], "failed")]) == []
+    assert count(db, "status = 'completed'") == 1
+
+
+def test_job_run_finish_many_cancels_instead_of_going_back_to_pending_after_a_cancel_request(
+        db: Conn, q: Queries) -> None:
+    run = enqueue(db, q, run_at=T0)
+    [c] = claim(db, q, T0)
+    db.execute(q.job_run_cancel, {"id": run["id"], "now": T0})
+    rows = finish(db, q, T0 + seconds(1), [(run["id"], c["fence"], "pending")], run_at=T0,
+                  refund=1)
+    assert [r["status"] for r in rows] == ["canceled"]
+    row = get(db, q, run["id"])
+    assert (row["status"], row["finished_at"], row["attempts"]) == (
+        "canceled", T0 + seconds(1), 0)
+    assert claim(db, q, T0 + seconds(2)) == []
+
+
+def test_job_run_finish_many_completes_a_run_that_finished_despite_a_cancel_request(
+        db: Conn, q: Queries) -> None:
+    run = enqueue(db, q, run_at=T0)
+    [c] = claim(db, q, T0)
+    db.execute(q.job_run_cancel, {"id": run["id"], "now": T0})
+    rows = finish(db, q, T0, [(run["id"], c["fence"], "completed")], output="1")
+    assert [r["status"] for r in rows] == ["completed"]
+
+
+# -- heartbeat ------------------------------------------------------------------------------------
+
+def test_job_run_heartbeat_many_extends_only_leases_held_with_the_fence(db: Conn,
+                                                                        q: Queries) -> None:
+    a, b = enqueue(db, q, run_at=T0), enqueue(db, q, run_at=T0)
+    fences = {r["id"]: r["fence"] for r in claim(db, q, T0, lease_s=10)}
+    rows = db.execute(q.job_run_heartbeat_many, {
+        "now": T0 + seconds(5), "lease_s": 10, "ids": [a["id"], b["id"]],
+        "fences": [fences[a["id"]], fences[b["id"]] + 7]}).fetchall()
+    assert rows == [{"id": a["id"], "cancel_requested": False}]
+    assert get(db, q, a["id"])["lease_expires_at"] == T0 + seconds(15)
+    assert get(db, q, b["id"])["lease_expires_at"] == T0 + seconds(10)
+
+
+def test_job_run_heartbeat_many_reports_cancel_requests(db: Conn, q: Queries) -> None:
+    run = enqueue(db, q, run_at=T0)
+    [c] = claim(db, q, T0)
+    db.execute(q.job_run_cancel, {"id": run["id"], "now": T0})
+    rows = db.execute(q.job_run_heartbeat_many, {
+        "now": T0, "lease_s": 10, "ids": [run["id"]], "fences": [c["fence"]]}).fetchall()
+    assert rows == [{"id": run["id"], "cancel_requested": True}]
+
+
+# -- reaper ---------------------------------------------------------------------------------------
+
+def test_job_run_reap_expired_puts_expired_runs_back_to_pending(db: Conn, q: Queries) -> None:
+    expired, alive = enqueue(db, q, run_at=T0), enqueue(db, q, run_at=T0)
+    claim(db, q, T0, limit=1, lease_s=5, worker_id="dead-worker")
+    claim(db, q, T0, limit=1, lease_s=60)
+    rows = db.execute(q.job_run_reap_expired, {"now": T0 + seconds(6), "limit": 10}).fetchall()
+    assert rows == [{"id": expired["id"], "pool": "default", "status": "pending"}]
+    row = get(db, q, expired["id"])
+    assert row["run_at"] == T0 + seconds(6)
+    assert row["attempts"] == 1
+    assert row["error"]["type"] == "LeaseExpired"
+    assert "dead-worker" in row["error"]["message"]
+    assert row["error"]["retryable"] is True
+    assert row["finished_at"] is None
+    assert get(db, q, alive["id"])["status"] == "running"
+
+
+def test_job_run_reap_expired_rechecks_expiry_against_a_fresh_heartbeat(db: Conn,
+                                                                         q: Queries) -> None:
+    run = enqueue(db, q, run_at=T0)
+    [c] = claim(db, q, T0, lease_s=5)
+    db.execute(q.job_run_heartbeat_many, {"now": T0 + seconds(4), "lease_s": 5,
+                                          "ids": [run["id"]], "fences": [c["fence"]]})
+    assert db.execute(q.job_run_reap_expired, {"now": T0 + seconds(6), "limit": 10}
+                      ).fetchall() == []
+    assert get(db, q, run["id"])["status"] == "running"
+
+
+def test_job_run_reap_expired_fails_runs_out_of_attempts(db: Conn, q: Queries) -> None:
+    run = enqueue(db, q, run_at=T0, max_attempts=1)
+    claim(db, q, T0, lease_s=1)
+    rows = db.execute(q.job_run_reap_expired, {"now": T0 + seconds(2), "limit": 10}).fetchall()
+    assert [r["status"] for r in rows] == ["failed"]
+    row = get(db, q, run["id"])
+    assert row["error"]["retryable"] is False
+    assert row["finished_at"] == T0 + seconds(2)
+
+
+def test_job_run_reap_expired_cancels_runs_with_a_cancel_request(db: Conn, q: Queries) -> None:
+    run = enqueue(db, q, run_at=T0)
+    claim(db, q, T0, lease_s=1)
+    db.execute(q.job_run_cancel, {"id": run["id"], "now": T0})
+    rows = db.execute(q.job_run_reap_expired, {"now": T0 + seconds(2), "limit": 10}).fetchall()
+    assert [r["status"] for r in rows] == ["canceled"]
+    assert get(db, q, run["id"])["finished_at"] == T0 + seconds(2)
+
+
+def test_job_run_reap_expired_stops_at_the_batch_limit(db: Conn, q: Queries) -> None:
+    for _ in range(5):
+        enqueue(db, q, run_at=T0)
+    claim(db, q, T0, lease_s=1)
+    later = T0 + seconds(2)
+    assert len(db.execute(q.job_run_reap_expired, {"now": later, "limit": 3}).fetchall()) == 3
+    assert len(db.execute(q.job_run_reap_expired, {"now": later, "limit": 3}).fetchall()) == 2
+    assert count(db, "status = 'pending'") == 5
+
+
+# -- purge ----------------------------------------------------------------------------------------
+
+def _finished(db: Conn, q: Queries, status: str, age: timedelta) -> None:
+    run = enqueue(db, q)
+    db.execute("UPDATE notifyq.job_run SET status = %s, finished_at = %s WHERE id = %s",
+               (status, T0 - age, run["id"]))
+
+
+def _purge(db: Conn, q: Queries, limit: int = 100) -> int:
+    cur = db.execute(q.job_run_purge_finished, {
+        "now": T0, "limit": limit, "completed_retention_s": 86_400.0,
+        "failed_retention_s": 7 * 86_400.0, "canceled_retention_s": 3_600.0})
+    return cur.rowcount
+
+
+def test_job_run_purge_finished_honours_each_status_retention(db: Conn, q: Queries) -> None:
+    _finished(db, q, "completed", timedelta(days=2))    # past 1 day: deleted
+    _finished(db, q, "completed", timedelta(hours=2))   # kept
+    _finished(db, q, "failed", timedelta(days=2))       # dead-letter kept 7 days
+    _finished(db, q, "failed", timedelta(days=8))       # deleted
+    _finished(db, q, "timed_out", timedelta(days=8))    # deleted, failed retention
+    _finished(db, q, "canceled", timedelta(hours=2))    # past 1 hour: deleted
+    _finished(db, q, "canceled", timedelta(minutes=2))  # kept
+    enqueue(db, q)                                      # pending: never purged
+    assert _purge(db, q) == 4
+    remaining = db.execute("SELECT status, count(*) AS n FROM notifyq.job_run GROUP BY status "
+                           "ORDER BY status").fetchall()
+    assert {r["status"]: r["n"] for r in remaining} == {
+        "canceled": 1, "completed": 1, "failed": 1, "pending": 1}
+
+
+def test_job_run_purge_finished_deletes_at_most_the_batch_limit_oldest_first(
+        db: Conn, q: Queries) -> None:
+    for days in (2, 3, 4, 5, 6):
+        _finished(db, q, "completed", timedelta(days=days))
+    assert _purge(db, q, limit=2) == 2
+    ages = db.execute("SELECT %s - finished_at AS age FROM notifyq.job_run ORDER BY age",
+                      (T0,)).fetchall()
+    assert [r["age"] for r in ages] == [timedelta(days=2), timedelta(days=3), timedelta(days=4)]
+    assert _purge(db, q, limit=2) == 2
+    assert _purge(db, q, limit=2) == 1
+
+
+# -- get / list / control -------------------------------------------------------------------------
+
+def test_job_run_get_returns_nothing_for_an_unknown_id(db: Conn, q: Queries) -> None:
+    assert db.execute(q.job_run_get, {"id": uuid4()}).fetchone() is None
+
+
+def _list(db: Conn, q: Queries, **filters: Any) -> list[dict[str, Any]]:
+    params = {"status": None, "job_type": None, "pool": None, "tag": None, "limit": 50,
+              "before_created_at": None, "before_id": None, **filters}
+    return db.execute(q.job_run_list, params).fetchall()
+
+
+def test_job_run_list_pages_newest_first_by_keyset(db: Conn, q: Queries) -> None:
+    # One transaction: every run has the same created_at, so paging rests on the id tiebreak.
+    with db.transaction():
+        ids = {enqueue(db, q, input={"i": i})["id"] for i in range(7)}
+    seen: list[Any] = []
+    before = None
+    while True:
+        page = _list(db, q, limit=3, before_created_at=before[0] if before else None,
+                     before_id=before[1] if before else None)
+        if not page:
+            break
+        seen.extend(r["id"] for r in page)
+        before = (page[-1]["created_at"], page[-1]["id"])
+    assert len(seen) == 7
+    assert set(seen) == ids
+    assert seen == sorted(seen, reverse=True)
+
+
+def test_job_run_list_filters_by_status_type_pool_and_tag(db: Conn, q: Queries) -> None:
+    a = enqueue(db, q, "t.a", pool="p1", tags=["red", "big"])
+    b = enqueue(db, q, "t.b", pool="p1", tags=["blue"])
+    c = enqueue(db, q, "t.a", pool="p2")
+    db.execute(q.job_run_cancel, {"id": c["id"], "now": T0})
+    assert {r["id"] for r in _list(db, q, job_type="t.a")} == {a["id"], c["id"]}
+    assert {r["id"] for r in _list(db, q, pool="p1")} == {a["id"], b["id"]}
+    assert {r["id"] for r in _list(db, q, tag="red")} == {a["id"]}
+    assert {r["id"] for r in _list(db, q, status="canceled")} == {c["id"]}
+    assert _list(db, q, status="pending", pool="p2") == []
+
+
+def test_job_run_cancel_cancels_pending_runs_at_once(db: Conn, q: Queries) -> None:
+    run = enqueue(db, q)
+    row = db.execute(q.job_run_cancel, {"id": run["id"], "now": T0}).fetchone()
+    assert row is not None
+    assert (row["status"], row["finished_at"], row["cancel_requested_at"]) == ("canceled", T0, T0)
+
+
+def test_job_run_cancel_only_requests_it_for_running_runs(db: Conn, q: Queries) -> None:
+    run = enqueue(db, q, run_at=T0)
+    claim(db, q, T0)
+    row = db.execute(q.job_run_cancel, {"id": run["id"], "now": T0 + seconds(1)}).fetchone()
+    assert row is not None
+    assert row["status"] == "running"
+    assert row["finished_at"] is None
+    assert row["cancel_requested_at"] == T0 + seconds(1)
+    # Asking twice keeps the first request time.
+    again = db.execute(q.job_run_cancel, {"id": run["id"], "now": T0 + seconds(9)}).fetchone()
+    assert again is not None
+    assert again["cancel_requested_at"] == T0 + seconds(1)
+
+
+def test_job_run_cancel_matches_nothing_for_finished_runs(db: Conn, q: Queries) -> None:
+    run = enqueue(db, q, run_at=T0)
+    [c] = claim(db, q, T0)
+    finish(db, q, T0, [(run["id"], c["fence"], "completed")])
+    assert db.execute(q.job_run_cancel, {"id": run["id"], "now": T0}).fetchone() is None
+
+
+def test_job_run_retry_puts_a_dead_run_back_with_room_for_one_attempt(db: Conn,
+                                                                      q: Queries) -> None:
+    run = enqueue(db, q, run_at=T0, max_attempts=1)
+    [c] = claim(db, q, T0)
+    finish(db, q, T0, [(run["id"], c["fence"], "failed")], error='{"message": "x"}')
+    row = db.execute(q.job_run_retry, {"id": run["id"], "now": T0 + seconds(5)}).fetchone()
+    assert row is not None
+    assert (row["status"], row["run_at"], row["finished_at"]) == (
+        "pending", T0 + seconds(5), None)
+    assert (row["attempts"], row["max_attempts"]) == (1, 2)
+    assert len(claim(db, q, T0 + seconds(5))) == 1
+
+
+@pytest.mark.parametrize("status", ["canceled", "timed_out"])
+def test_job_run_retry_accepts_canceled_and_timed_out_runs(db: Conn, q: Queries,
+                                                           status: str) -> None:
+    run = enqueue(db, q)
+    db.execute("UPDATE notifyq.job_run SET status = %s WHERE id = %s", (status, run["id"]))
+    row = db.execute(q.job_run_retry, {"id": run["id"], "now": T0}).fetchone()
+    assert row is not None
+    assert row["status"] == "pending"
+
+
+@pytest.mark.parametrize("status", ["pending", "running", "completed"])
+def test_job_run_retry_matches_nothing_for_live_or_completed_runs(db: Conn, q: Queries,
+                                                                  status: str) -> None:
+    run = enqueue(db, q)
+    db.execute("UPDATE notifyq.job_run SET status = %s WHERE id = %s", (status, run["id"]))
+    assert db.execute(q.job_run_retry, {"id": run["id"], "now": T0}).fetchone() is None
+
+
+# -- stats / scheduling ---------------------------------------------------------------------------
+
+def test_job_run_count_by_status_groups_by_type_pool_and_status(db: Conn, q: Queries) -> None:
+    for _ in range(3):
+        enqueue(db, q, "t.a")
+    enqueue(db, q, "t.a", pool="p2")
+    c = enqueue(db, q, "t.b")
+    db.execute(q.job_run_cancel, {"id": c["id"], "now": T0})
+    rows = db.execute(q.job_run_count_by_status).fetchall()
+    assert [(r["job_type"], r["pool"], r["status"], r["count"]) for r in rows] == [
+        ("t.a", "default", "pending", 3), ("t.a", "p2", "pending", 1),
+        ("t.b", "default", "canceled", 1)]
+
+
+def test_job_run_oldest_runnable_reports_queue_latency_per_pool(db: Conn, q: Queries) -> None:
+    enqueue(db, q, run_at=T0 - seconds(30))
+    enqueue(db, q, run_at=T0 - seconds(5))
+    enqueue(db, q, run_at=T0 + seconds(60))  # not runnable yet
+    enqueue(db, q, pool="p2", run_at=T0 - seconds(2))
+    rows = db.execute(q.job_run_oldest_runnable, {"now": T0}).fetchall()
+    assert rows == [{"pool": "default", "runnable": 2, "oldest_age_s": 30.0},
+                    {"pool": "p2", "runnable": 1, "oldest_age_s": 2.0}]
+
+
+def test_job_run_next_run_at_gives_seconds_to_the_earliest_future_run(db: Conn,
+                                                                      q: Queries) -> None:
+    def delay(pool: str = "default") -> Any:
+        row = db.execute(q.job_run_next_run_at, {"pool": pool, "now": T0}).fetchone()
+        assert row is not None
+        return row["delay_s"]
+
+    assert delay() is None
+    enqueue(db, q, run_at=T0 - seconds(10))  # runnable now: not "next"
+    assert delay() is None
+    enqueue(db, q, run_at=T0 + seconds(2.5))
+    enqueue(db, q, run_at=T0 + seconds(40))
+    enqueue(db, q, pool="p2", run_at=T0 + seconds(1))
+    assert delay() == pytest.approx(2.5)
+    assert delay("p2") == pytest.approx(1.0)
+
+
+# -- notifier -------------------------------------------------------------------------------------
+
+def test_notifier_listen_receives_enqueue_wakeups_and_ping_answers(dsn: str, db: Conn,
+                                                                   q: Queries) -> None:
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as listener:
+        listener.execute(q.notifier_listen)
+        assert listener.execute(q.notifier_ping).fetchone() == {"ok": 1}
+        row = db.execute("SELECT notifyq.enqueue('t.a', '{}', pool => 'p9') AS id").fetchone()
+        assert row is not None
+        got = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+    assert got == ["j:p9"]
+
+
+def test_error_json_from_python_round_trips_through_jsonb(db: Conn, q: Queries) -> None:
+    from notifyq.dispatch.outcome import error_json
+    run = enqueue(db, q, run_at=T0)
+    [c] = claim(db, q, T0)
+    finish(db, q, T0, [(run["id"], c["fence"], "failed")],
+           error=error_json(ValueError("bad\x00byte"), 1, False))
+    assert json.dumps(get(db, q, run["id"])["error"]["message"]) == '"bad\\ufffdbyte"'

@@ -1,0 +1,125 @@
+"""Leader election, periodic ticks and job definitions, run directly."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+from uuid import uuid4
+
+from notifyq.db.queries import Queries
+from tests.db.conftest import T0
+from tests.db.helpers import Conn, count, seconds
+
+
+def _elect(db: Conn, q: Queries, leader_id: str, now: Any, ttl_s: float = 10) -> bool:
+    return db.execute(q.leader_attempt_elect, {"now": now, "name": "maintenance",
+                                               "leader_id": leader_id, "ttl_s": ttl_s}
+                      ).fetchone() is not None
+
+
+def _leader(db: Conn) -> dict[str, Any] | None:
+    return db.execute("SELECT * FROM notifyq.leader WHERE name = 'maintenance'").fetchone()
+
+
+def test_leader_attempt_elect_takes_a_free_role(db: Conn, q: Queries) -> None:
+    assert _elect(db, q, "a", T0)
+    row = _leader(db)
+    assert row is not None
+    assert (row["leader_id"], row["elected_at"], row["expires_at"]) == ("a", T0, T0 + seconds(10))
+
+
+def test_leader_attempt_elect_refuses_while_another_leader_is_unexpired(db: Conn,
+                                                                        q: Queries) -> None:
+    assert _elect(db, q, "a", T0)
+    assert not _elect(db, q, "b", T0 + seconds(9))
+    row = _leader(db)
+    assert row is not None
+    assert row["leader_id"] == "a"
+
+
+def test_leader_attempt_elect_renews_for_the_current_leader(db: Conn, q: Queries) -> None:
+    assert _elect(db, q, "a", T0)
+    assert _elect(db, q, "a", T0 + seconds(5))
+    row = _leader(db)
+    assert row is not None
+    assert row["expires_at"] == T0 + seconds(15)
+    assert row["elected_at"] == T0  # renewal keeps the election time
+
+
+def test_leader_attempt_elect_takes_over_an_expired_role(db: Conn, q: Queries) -> None:
+    assert _elect(db, q, "a", T0)
+    assert _elect(db, q, "b", T0 + seconds(11))
+    row = _leader(db)
+    assert row is not None
+    assert (row["leader_id"], row["elected_at"]) == ("b", T0 + seconds(11))
+    assert not _elect(db, q, "a", T0 + seconds(12))
+
+
+def test_leader_resign_frees_the_role_only_for_its_holder(db: Conn, q: Queries) -> None:
+    assert _elect(db, q, "a", T0)
+    db.execute(q.leader_resign, {"name": "maintenance", "leader_id": "b"})
+    assert _leader(db) is not None
+    db.execute(q.leader_resign, {"name": "maintenance", "leader_id": "a"})
+    assert _leader(db) is None
+    assert _elect(db, q, "b", T0 + seconds(1))
+
+
+def _tick(db: Conn, q: Queries, tick_at: Any, name: str = "r.b@1000ms") -> list[dict[str, Any]]:
+    return db.execute(q.periodic_tick_enqueue, {
+        "name": name, "tick_at": tick_at, "run_id": uuid4(), "job_type": "r.b",
+        "input": '{"k": 1}'}).fetchall()
+
+
+def test_periodic_tick_enqueue_enqueues_once_per_tick(db: Conn, q: Queries) -> None:
+    first = _tick(db, q, T0)
+    assert len(first) == 1
+    assert _tick(db, q, T0) == []
+    assert _tick(db, q, T0) == []
+    assert len(_tick(db, q, T0 + seconds(1))) == 1
+    assert len(_tick(db, q, T0, name="r.b@2000ms")) == 1
+    assert count(db) == 3
+    run = db.execute("SELECT * FROM notifyq.job_run WHERE id = %s", (first[0]["id"],)).fetchone()
+    assert run is not None
+    assert (run["trigger_source"], run["trigger_ref"], run["run_at"], run["input"]) == (
+        "schedule", "r.b@1000ms", T0, {"k": 1})
+    ticks = db.execute("SELECT count(*) AS n FROM notifyq.periodic_tick").fetchone()
+    assert ticks == {"n": 3}
+
+
+def test_periodic_tick_prune_deletes_ticks_older_than_a_day(db: Conn, q: Queries) -> None:
+    _tick(db, q, T0 - timedelta(days=2))
+    _tick(db, q, T0 - timedelta(hours=2))
+    db.execute(q.periodic_tick_prune, {"now": T0})
+    rows = db.execute("SELECT tick_at FROM notifyq.periodic_tick").fetchall()
+    assert rows == [{"tick_at": T0 - timedelta(hours=2)}]
+
+
+def _upsert(db: Conn, q: Queries, **overrides: Any) -> None:
+    params = {"type": "mail.send", "version": 1, "pool": "default", "priority": 0,
+              "max_attempts": 25, "retry_policy": '{"attempts": 25}', "timeout_s": None,
+              **overrides}
+    db.execute(q.job_upsert, params)
+
+
+def test_job_upsert_inserts_then_updates_a_definition(db: Conn, q: Queries) -> None:
+    _upsert(db, q)
+    _upsert(db, q, version=2, max_attempts=3, timeout_s=1.5)
+    rows = db.execute(q.job_list).fetchall()
+    assert len(rows) == 1
+    assert (rows[0]["version"], rows[0]["max_attempts"], rows[0]["timeout_s"]) == (2, 3, 1.5)
+
+
+def test_job_upsert_leaves_an_unchanged_definition_untouched(db: Conn, q: Queries) -> None:
+    _upsert(db, q)
+    db.execute("UPDATE notifyq.job SET updated_at = '2001-01-01Z'")
+    _upsert(db, q)
+    row = db.execute("SELECT updated_at FROM notifyq.job").fetchone()
+    assert row is not None
+    assert row["updated_at"].year == 2001
+
+
+def test_job_list_returns_definitions_ordered_by_type(db: Conn, q: Queries) -> None:
+    for job_type in ("z.last", "a.first", "m.mid"):
+        _upsert(db, q, type=job_type)
+    assert [r["type"] for r in db.execute(q.job_list).fetchall()] == [
+        "a.first", "m.mid", "z.last"]

@@ -1,0 +1,219 @@
+"""Enqueue end to end: transactions, sync and bulk enqueue, SQL enqueue, refusals at the edge."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+from notifyq import App, EnqueueRequest, InvalidEnqueue, JobContext, PayloadTooLarge, RunStatus
+from tests.conftest import fast_settings
+from tests.integration.inproc import fetch, run_row, running, scalar, status_becomes
+from tests.support import eventually
+
+pytestmark = pytest.mark.anyio
+
+NO_POLL = {"poll_interval_s": 30.0}  # a run picked up within seconds was woken by NOTIFY
+
+
+@pytest.fixture
+async def slow_poll_app(dsn: str) -> AsyncIterator[App]:
+    application = App(settings=fast_settings(dsn, worker=NO_POLL))
+    async with application:
+        yield application
+
+
+def _record_inputs(app: App, job_type: str = "t.echo") -> list[Any]:
+    seen: list[Any] = []
+
+    @app.handler(job_type)
+    async def echo(ctx: JobContext) -> Any:
+        seen.append(ctx.input)
+        return ctx.input
+
+    return seen
+
+
+async def _count(app: App, where: str = "true") -> int:
+    return int(await scalar(app, f"SELECT count(*) FROM notifyq.job_run WHERE {where}"))
+
+
+# -- transactional enqueue ------------------------------------------------------------------------
+
+async def test_enqueue_with_conn_rolls_back_with_the_transaction(app: App, dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.transaction():
+        run = await app.enqueue("t.echo", {"n": 1}, conn=conn)
+        assert run.status is RunStatus.PENDING
+        assert await _count(app) == 0  # not visible outside the transaction
+        raise psycopg.Rollback  # the business transaction fails: leaves quietly
+    assert await _count(app) == 0
+    assert await scalar(app, "SELECT count(*) FROM pg_stat_activity WHERE state LIKE "
+                             "'idle in transaction%%' AND datname = current_database()") == 0
+
+
+async def test_enqueue_with_conn_is_invisible_until_commit(app: App, dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        async with conn.transaction():
+            run = await app.enqueue("t.echo", {"n": 1}, conn=conn)
+            assert await _count(app) == 0
+        assert await _count(app) == 1
+    assert (await app.get_run(run.id)).input == {"n": 1}
+
+
+async def test_enqueue_with_conn_runs_after_commit_woken_by_notify(slow_poll_app: App,
+                                                                   dsn: str) -> None:
+    app = slow_poll_app
+    seen = _record_inputs(app)
+    async with running(app):
+        async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.transaction():
+            await conn.execute("CREATE TABLE users (id int)")
+            await conn.execute("INSERT INTO users VALUES (1)")
+            run = await app.enqueue("t.echo", {"user": 1}, conn=conn)
+        await status_becomes(app, run.id, "completed", within=5)
+    assert seen == [{"user": 1}]
+
+
+async def test_enqueue_sync_without_conn_commits_and_runs(slow_poll_app: App) -> None:
+    app = slow_poll_app
+    seen = _record_inputs(app)
+    async with running(app):
+        run = await anyio.to_thread.run_sync(lambda: app.enqueue_sync("t.echo", {"s": 1}))
+        assert run.status is RunStatus.PENDING
+        await status_becomes(app, run.id, "completed", within=5)
+    assert seen == [{"s": 1}]
+
+
+async def test_enqueue_sync_with_conn_follows_the_callers_transaction(app: App,
+                                                                      dsn: str) -> None:
+    def work() -> Any:
+        with psycopg.connect(dsn) as conn:
+            with conn.transaction():
+                app.enqueue_sync("t.echo", {"kept": False}, conn=conn)
+                raise psycopg.Rollback
+            with conn.transaction():
+                return app.enqueue_sync("t.echo", {"kept": True}, conn=conn)
+
+    run = await anyio.to_thread.run_sync(work)
+    rows = await fetch(app, "SELECT id, input FROM notifyq.job_run")
+    assert rows == [{"id": run.id, "input": {"kept": True}}]
+
+
+# -- bulk -----------------------------------------------------------------------------------------
+
+class _CountingCursor(psycopg.AsyncCursor[Any]):
+    statements: list[str] = []  # noqa: RUF012 - shared log for one test
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        text = query if isinstance(query, str) else query.as_string(self)
+        type(self).statements.append(text)
+        return await super().execute(query, params, **kwargs)
+
+
+async def test_enqueue_many_inserts_in_one_statement_and_returns_runs_in_order(
+        app: App, dsn: str) -> None:
+    _CountingCursor.statements = []
+    items = [{"job_type": "t.echo", "input": {"i": i}, "priority": i % 3} for i in range(50)]
+    async with await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, cursor_factory=_CountingCursor) as conn:
+        runs = await app.enqueue_many(items, conn=conn)
+    inserts = [s for s in _CountingCursor.statements if "INSERT" in s]
+    assert len(inserts) == 1
+    assert [r.input for r in runs] == [{"i": i} for i in range(50)]
+    assert [r.priority for r in runs] == [i % 3 for i in range(50)]
+    assert await _count(app) == 50
+
+
+async def test_enqueue_many_handles_dedupe_keys_mixed_in(app: App) -> None:
+    existing = await app.enqueue("t.echo", {"old": True}, dedupe_key="k-existing")
+    runs = await app.enqueue_many([
+        {"job_type": "t.echo", "input": {"n": 0}},
+        EnqueueRequest(job_type="t.echo", input={"n": 1}, dedupe_key="k1"),
+        {"job_type": "t.echo", "input": {"n": 2}},
+        {"job_type": "t.echo", "input": {"n": 3}, "dedupe_key": "k1"},
+        {"job_type": "t.echo", "input": {"n": 4}, "dedupe_key": "k-existing"},
+        {"job_type": "t.other", "input": {"n": 5}, "dedupe_key": "k1"},
+    ])
+    assert [r.input for r in runs] == [{"n": 0}, {"n": 1}, {"n": 2}, {"n": 1}, {"old": True},
+                                       {"n": 5}]
+    assert runs[3].id == runs[1].id
+    assert runs[4].id == existing.id
+    assert len({r.id for r in runs}) == 5
+    assert await _count(app) == 5
+
+
+async def test_enqueue_many_runs_everything_and_an_empty_list_is_a_no_op(app: App) -> None:
+    seen = _record_inputs(app)
+    assert await app.enqueue_many([]) == []
+    runs = await app.enqueue_many([{"job_type": "t.echo", "input": [i]} for i in range(20)])
+    async with running(app, concurrency=4):
+        async def done() -> None:
+            assert await _count(app, "status = 'completed'") == 20
+        await eventually(done)
+    assert sorted(s[0] for s in seen) == list(range(20))
+    assert (await app.get_run(runs[5].id)).output == [5]
+
+
+async def test_enqueue_many_with_one_bad_item_writes_nothing(app: App) -> None:
+    with pytest.raises(InvalidEnqueue, match="invalid job type"):
+        await app.enqueue_many([{"job_type": "t.ok"}, {"job_type": "Not OK"}])
+    with pytest.raises(InvalidEnqueue, match="item 0"):
+        await app.enqueue_many([{"job_type": "t.ok", "inptu": {}}])
+    assert await _count(app) == 0
+
+
+# -- SQL enqueue ----------------------------------------------------------------------------------
+
+async def test_sql_enqueue_wakes_a_running_worker_without_waiting_for_the_poll(
+        slow_poll_app: App, dsn: str) -> None:
+    app = slow_poll_app
+    seen = _record_inputs(app)
+    async with running(app):
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cur = await conn.execute("SELECT notifyq.enqueue('t.echo', '{\"from\": \"sql\"}')")
+            row = await cur.fetchone()
+        assert row is not None
+        await status_becomes(app, row[0], "completed", within=5)
+    assert seen == [{"from": "sql"}]
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+async def test_python_enqueue_refuses_bad_input_and_writes_nothing(app: App) -> None:
+    with pytest.raises(PayloadTooLarge, match="65537 bytes serialized; the limit is 65536"):
+        await app.enqueue("t.echo", {"x": "a" * (65_537 - 9)})
+    with pytest.raises(InvalidEnqueue, match="must be a JSON object or array, got str"):
+        await app.enqueue("t.echo", "not an object")
+    with pytest.raises(InvalidEnqueue, match="not JSON-serializable"):
+        await app.enqueue("t.echo", {"x": {1, 2}})
+    with pytest.raises(InvalidEnqueue, match=r"invalid job type 'Email\.Send'"):
+        await app.enqueue("Email.Send", {})
+    with pytest.raises(InvalidEnqueue, match="priority 5000 is out of range"):
+        await app.enqueue("t.echo", {}, priority=5000)
+    with pytest.raises(InvalidEnqueue):
+        await anyio.to_thread.run_sync(lambda: app.enqueue_sync("t.echo", [], max_attempts=0))
+    assert await _count(app) == 0
+
+
+async def test_input_the_database_measures_as_too_large_is_payload_too_large(app: App) -> None:
+    # 1e300 is 6 characters in Python's JSON but 301 digits in jsonb's text form, so only the
+    # SQL function sees this input is 75 KB: its refusal must still be PayloadTooLarge.
+    with pytest.raises(PayloadTooLarge, match="the limit is 65536 bytes") as info:
+        await app.enqueue("t.echo", {"n": [1e300] * 250})
+    assert info.value.size > 65_536
+    with pytest.raises(PayloadTooLarge):
+        await anyio.to_thread.run_sync(
+            lambda: app.enqueue_sync("t.echo", {"n": [1e300] * 250}))
+    assert await _count(app) == 0
+
+
+async def test_enqueue_returns_the_stored_run(app: App) -> None:
+    run = await app.enqueue("t.echo", {"a": 1}, priority=-2, pool="p1", max_attempts=4,
+                            tags=["x", "y"])
+    row = await run_row(app, run.id)
+    assert (row["priority"], row["pool"], row["max_attempts"], row["tags"]) == (
+        -2, "p1", 4, ["x", "y"])
+    assert run.created_at == row["created_at"]
+    assert (await app.list_runs(tag="y"))[0].id == run.id

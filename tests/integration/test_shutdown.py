@@ -1,0 +1,148 @@
+"""Graceful shutdown of an in-process worker: grace period, release, leadership."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from notifyq import App, JobContext
+from tests.conftest import fast_settings
+from tests.integration.inproc import fetch, run_row, running, scalar, status_becomes
+from tests.support import eventually
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def short_grace_app(dsn: str) -> AsyncIterator[App]:
+    application = App(settings=fast_settings(dsn, worker={"shutdown_grace_s": 0.3}))
+    async with application:
+        yield application
+
+
+async def test_a_handler_outliving_the_grace_period_is_cancelled_and_its_run_released(
+        short_grace_app: App) -> None:
+    app = short_grace_app
+    started = anyio.Event()
+    cancelled = anyio.Event()
+
+    @app.handler("t.long")
+    async def long(ctx: JobContext) -> None:
+        started.set()
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            cancelled.set()
+            raise
+
+    run = await app.enqueue("t.long", {})
+    async with running(app):
+        with anyio.fail_after(10):
+            await started.wait()
+        assert (await run_row(app, run.id))["attempts"] == 1
+    # running() returned: the worker has shut down.
+    assert cancelled.is_set()
+    row = await run_row(app, run.id)
+    assert row["status"] == "pending"
+    assert row["attempts"] == 0  # the interrupted attempt does not count
+    assert row["leased_by"] is None
+    assert row["lease_expires_at"] is None
+    assert row["finished_at"] is None
+    assert row["error"] is None
+    assert await scalar(app, "SELECT run_at <= now() FROM notifyq.job_run") is True
+
+
+async def test_a_handler_finishing_within_the_grace_period_completes(dsn: str) -> None:
+    app = App(settings=fast_settings(dsn, worker={"shutdown_grace_s": 10.0}))
+    started = anyio.Event()
+    finished = anyio.Event()
+
+    @app.handler("t.finishing")
+    async def finishing(ctx: JobContext) -> str:
+        started.set()
+        await anyio.sleep(0.5)  # the work outlasts the start of shutdown, not the grace
+        finished.set()
+        return "finished"
+
+    async with app:
+        run = await app.enqueue("t.finishing", {})
+        async with running(app):
+            with anyio.fail_after(10):
+                await started.wait()
+            assert not finished.is_set()
+        # Shutdown began while the handler was still working, and waited for it.
+        assert finished.is_set()
+        row = await run_row(app, run.id)
+    assert row["status"] == "completed"
+    assert row["output"] == "finished"
+    assert row["attempts"] == 1
+
+
+async def test_a_sync_handler_outliving_the_grace_period_is_released(
+        short_grace_app: App) -> None:
+    app = short_grace_app
+    started = threading.Event()
+    finish = threading.Event()
+
+    @app.handler("t.blocking")
+    def blocking(ctx: JobContext) -> str:
+        started.set()
+        finish.wait(30)  # a thread cannot be cancelled: the worker abandons it
+        return "too late"
+
+    run = await app.enqueue("t.blocking", {})
+    try:
+        async with running(app):
+            await eventually(_is_set(started))
+        row = await run_row(app, run.id)
+        assert (row["status"], row["attempts"]) == ("pending", 0)
+    finally:
+        finish.set()
+
+
+def _is_set(event: threading.Event):  # type: ignore[no-untyped-def]
+    async def check() -> None:
+        assert event.is_set()
+    return check
+
+
+async def test_shutdown_stops_claiming_and_resigns_leadership(short_grace_app: App) -> None:
+    app = short_grace_app
+
+    @app.handler("t.quick")
+    async def quick(ctx: JobContext) -> None: ...
+
+    first = await app.enqueue("t.quick", {})
+    async with running(app):
+        await status_becomes(app, first.id, "completed")
+
+        async def leading() -> None:
+            assert len(await fetch(app, "SELECT * FROM notifyq.leader")) == 1
+        await eventually(leading)
+    later = await app.enqueue("t.quick", {})
+    assert await fetch(app, "SELECT * FROM notifyq.leader") == []
+    assert (await run_row(app, later.id))["status"] == "pending"
+
+
+async def test_several_running_handlers_are_all_released_at_shutdown(
+        short_grace_app: App) -> None:
+    app = short_grace_app
+    running_now = 0
+
+    @app.handler("t.many")
+    async def many(ctx: JobContext) -> None:
+        nonlocal running_now
+        running_now += 1
+        await anyio.sleep(60)
+
+    await app.enqueue_many([{"job_type": "t.many"} for _ in range(5)])
+    async with running(app, concurrency=5):
+        async def all_running() -> None:
+            assert running_now == 5
+        await eventually(all_running)
+    rows = await fetch(app, "SELECT status, attempts, count(*) AS n FROM notifyq.job_run "
+                            "GROUP BY status, attempts")
+    assert rows == [{"status": "pending", "attempts": 0, "n": 5}]

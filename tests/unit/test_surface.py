@@ -1,0 +1,152 @@
+"""The public surface, the query registry, the scheduler's ticks and handler registration."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+import notifyq
+from notifyq import App, ConfigError, JobContext, RetryPolicy
+from notifyq.db.files import sql_root
+from notifyq.db.queries import queries_for
+from notifyq.maintenance.scheduler import EPOCH, tick_at
+from notifyq.registry import PeriodicSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _names_in_sql_files() -> set[str]:
+    names: set[str] = set()
+    for path in (ROOT / "db" / "queries").glob("*.sql"):
+        names.update(re.findall(r"^--\s*name:\s*([a-z0-9_]+)\s*$", path.read_text(), re.M))
+    return names
+
+
+def test_the_query_registry_loads_every_named_query() -> None:
+    queries = queries_for("notifyq")
+    expected = _names_in_sql_files()
+    assert len(expected) > 20
+    assert set(queries.names()) == expected
+    for name in expected:
+        text = getattr(queries, name)
+        assert text.strip()
+        assert "{schema}" not in text
+        assert "-- name:" not in text
+
+
+def test_queries_quote_the_schema_identifier() -> None:
+    assert '"my_schema".job_run' in queries_for("my_schema").job_run_claim
+
+
+def test_an_unknown_query_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no query named job_run_nope"):
+        _ = queries_for("notifyq").job_run_nope
+
+
+def test_sql_files_are_found_from_a_source_checkout() -> None:
+    assert (sql_root() / "migrations" / "0001_core.sql").is_file()
+
+
+def test_notifyq_all_lists_exactly_the_public_names() -> None:
+    public = {name for name in vars(notifyq) if not name.startswith("_")}
+    modules = {name for name in public if type(getattr(notifyq, name)).__name__ == "module"}
+    assert set(notifyq.__all__) == public - modules
+    assert len(notifyq.__all__) == len(set(notifyq.__all__))
+    for name in notifyq.__all__:
+        assert getattr(notifyq, name) is not None
+
+
+@pytest.mark.parametrize("every_ms", [100, 300, 1000, 1001, 4350, 60_000, 86_400_000])
+def test_tick_at_aligns_to_multiples_of_every_since_the_epoch(every_ms: int) -> None:
+    every = timedelta(milliseconds=every_ms)
+    now = datetime(2030, 5, 17, 13, 45, 12, 345_678, tzinfo=UTC)
+    tick = tick_at(now, every)
+    assert tick <= now < tick + every
+    assert (tick - EPOCH) % every == timedelta(0)
+
+
+def test_tick_at_is_the_same_for_every_moment_in_a_tick() -> None:
+    every = timedelta(milliseconds=300)
+    start = tick_at(datetime(2030, 1, 1, tzinfo=UTC), every)
+    assert tick_at(start, every) == start
+    assert tick_at(start + every - timedelta(microseconds=1), every) == start
+    assert tick_at(start + every, every) == start + every
+
+
+def test_periodic_names_carry_the_exact_interval() -> None:
+    assert PeriodicSpec("r.b", timedelta(milliseconds=1001), {}).name == "r.b@1001ms"
+    assert PeriodicSpec("r.b", timedelta(minutes=5), {}).name == "r.b@300000ms"
+
+
+def test_periodic_refuses_intervals_under_100_ms() -> None:
+    app = App(dsn="postgresql://x@127.0.0.1/x")
+    with pytest.raises(ConfigError, match="at least 100 ms"):
+        app.periodic("a.b", every=timedelta(milliseconds=99))
+
+
+def test_periodic_needs_a_job_type_or_a_handler_below() -> None:
+    app = App(dsn="postgresql://x@127.0.0.1/x")
+
+    def orphan(ctx: JobContext) -> None: ...
+
+    with pytest.raises(ConfigError, match="needs job_type"):
+        app.periodic(every=timedelta(seconds=1))(orphan)
+
+
+def test_periodic_stacked_on_handler_uses_the_handler_type() -> None:
+    app = App(dsn="postgresql://x@127.0.0.1/x")
+
+    @app.periodic(every=timedelta(seconds=5), input={"k": 1})
+    @app.handler("report.build")
+    async def build(ctx: JobContext) -> None: ...
+
+    assert app.registry.periodic == [PeriodicSpec("report.build", timedelta(seconds=5),
+                                                  {"k": 1})]
+
+
+def test_handler_registration_validates_type_pool_and_timeout() -> None:
+    app = App(dsn="postgresql://x@127.0.0.1/x")
+
+    async def fn(ctx: JobContext) -> None: ...
+
+    with pytest.raises(ConfigError, match="invalid job type"):
+        app.handler("Bad Type")(fn)
+    with pytest.raises(ConfigError, match="invalid pool"):
+        app.handler("ok", pool="Bad Pool")(fn)
+    with pytest.raises(ConfigError, match="timeout_s must be positive"):
+        app.handler("ok", timeout_s=0)(fn)
+
+
+def test_registering_a_type_twice_is_refused_in_production() -> None:
+    app = App(dsn="postgresql://x@127.0.0.1/x", settings=None)
+    assert app.settings.env == "production"
+
+    async def fn(ctx: JobContext) -> None: ...
+
+    app.handler("a.b")(fn)
+    with pytest.raises(ConfigError, match="registered twice"):
+        app.handler("a.b")(fn)
+
+
+def test_class_handlers_are_instantiated_and_called_through_handle() -> None:
+    app = App(dsn="postgresql://x@127.0.0.1/x")
+
+    @app.handler("c.sync")
+    class SyncHandler:
+        def handle(self, ctx: JobContext) -> int:
+            return 1
+
+    @app.handler("c.async", retry=RetryPolicy(attempts=2))
+    class AsyncHandler:
+        async def handle(self, ctx: JobContext) -> int:
+            return 2
+
+    sync_spec, async_spec = app.registry.get("c.sync"), app.registry.get("c.async")
+    assert sync_spec is not None
+    assert async_spec is not None
+    assert not sync_spec.is_async
+    assert async_spec.is_async
+    assert async_spec.definition()["max_attempts"] == 2
