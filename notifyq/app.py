@@ -173,9 +173,14 @@ class App:
         if conn is not None:
             return await self._enqueue_on(conn, prepared, notify=True)
         db = await self.pool()
-        async with db.connection() as own:
-            run = await self._enqueue_on(own, prepared, notify=False)
-        await self._wake({run.pool})
+        waker = self._waker
+        if waker is None:  # pragma: no cover - set by pool()
+            raise RuntimeError("app is not open")
+        with waker.enqueueing() as inline:
+            async with db.connection() as own:
+                run = await self._enqueue_on(own, prepared, notify=inline)
+        if not inline:
+            await waker.wake({run.pool})
         return run
 
     async def enqueue_many(self, items: Iterable[EnqueueRequest | Mapping[str, Any]], *,
@@ -259,7 +264,9 @@ class App:
             if plain:
                 rows = "[" + ",".join(p.record() for p in plain) + "]"
                 await cur.execute(self.queries.job_run_insert_many, {"rows": rows})
+                inputs = {p.id: p.request.input for p in plain}
                 for row in await cur.fetchall():
+                    row["input"] = inputs[row["id"]]
                     by_id[row["id"]] = Run.from_row(row)
         runs = []
         for p in prepared:

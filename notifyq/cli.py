@@ -245,9 +245,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         async with app, anyio.create_task_group() as tg:
-            tg.start_soon(_stop_on_signal, tg.cancel_scope)
-            await app.run_worker(concurrency=args.concurrency, pools=args.pools,
-                                 burst=args.burst)
+            with anyio.CancelScope() as worker_scope:
+                tg.start_soon(_stop_on_signal, worker_scope)
+                await app.run_worker(concurrency=args.concurrency, pools=args.pools,
+                                     burst=args.burst)
             tg.cancel_scope.cancel()
         return 0
     return _exit_past_hung_threads(run_async(go))
@@ -270,12 +271,17 @@ def _exit_past_hung_threads(code: int) -> int:
 
 
 async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+    """The first SIGTERM/SIGINT starts the graceful shutdown; later ones are only logged, so an
+    impatient second signal cannot kill the worker before it releases its runs."""
+    log = logging.getLogger("notifyq")
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
-            logging.getLogger("notifyq").info("received %s: shutting down",
-                                              signal.Signals(signum).name)
+            if scope.cancel_called:
+                log.warning("received %s again: still shutting down (releasing runs)",
+                            signal.Signals(signum).name)
+                continue
+            log.info("received %s: shutting down", signal.Signals(signum).name)
             scope.cancel()
-            return
 
 
 # -- one connection for the run commands -----------------------------------------------------

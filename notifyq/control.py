@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, NoReturn
 from uuid import UUID
 
@@ -39,14 +38,14 @@ class RunControl:
 
     async def list_runs(self, conn: AsyncConn, *, status: str | None = None,
                    job_type: str | None = None, pool: str | None = None, tag: str | None = None,
-                   limit: int = 50, before: tuple[datetime, UUID] | None = None) -> list[Run]:
+                   limit: int = 50, before: UUID | None = None) -> list[Run]:
+        """Newest first; pass the last run's id as ``before`` for the next page."""
         if status is not None:
             RunStatus(status)  # ValueError names the bad status
         cur = await conn.execute(self._q.job_run_list, {
             "status": status, "job_type": job_type, "pool": pool, "tag": tag,
             "limit": max(1, min(limit, 1000)),
-            "before_created_at": before[0] if before else None,
-            "before_id": before[1] if before else None})
+            "before_id": before})
         return [Run.from_row(r) for r in await cur.fetchall()]
 
     async def cancel(self, conn: AsyncConn, run_id: UUID) -> Run:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import anyio
 import psycopg
@@ -127,10 +128,23 @@ class WakeSender:
     def __init__(self, pool: AsyncConnectionPool[AsyncConn], queries: Queries) -> None:
         self._pool = pool
         self._q = queries
+        self._in_flight = 0
         self._requested: dict[str, int] = {}
         self._sent: dict[str, int] = {}
         self._sending: set[str] = set()
         self.notifies_sent = 0
+
+    @contextmanager
+    def enqueueing(self) -> Iterator[bool]:
+        """Around one enqueue: yields True when no other enqueue is in flight, and then the
+        NOTIFY should ride in the insert's own transaction (one round trip instead of two:
+        a lone enqueuer does not contend for the notify lock). Otherwise the caller sends the
+        wake-up through :meth:`wake` after its commit, folded with the others'."""
+        self._in_flight += 1
+        try:
+            yield self._in_flight == 1
+        finally:
+            self._in_flight -= 1
 
     async def wake(self, pools: set[str]) -> None:
         for pool in pools:

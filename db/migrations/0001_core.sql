@@ -2,6 +2,22 @@
 -- Applied by `notifyq migrate` with search_path set to the target schema, so nothing here
 -- names the schema; functions capture it with `SET search_path FROM CURRENT`.
 
+-- Run ids are UUIDv7: 48 bits of Unix milliseconds, then random bits. Time-ordered ids make the
+-- primary key append-only (no random page splits at insert) and let listings page newest-first on
+-- the primary key alone, so job_run needs no created_at index. Python generates the same layout.
+CREATE FUNCTION uuid7() RETURNS uuid
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT encode(
+        set_bit(set_bit(
+            overlay(uuid_send(gen_random_uuid())
+                    PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+                                      FROM 3)
+                    FROM 1 FOR 6),
+            52, 1), 53, 1),
+        'hex')::uuid
+$$;
+
 CREATE TABLE job (
     type                    text PRIMARY KEY,
     version                 integer NOT NULL DEFAULT 1,
@@ -23,7 +39,7 @@ CREATE TABLE job (
 );
 
 CREATE TABLE job_run (
-    id                  uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    id                  uuid PRIMARY KEY DEFAULT uuid7(),
     job_type            text NOT NULL CHECK (job_type ~ '^[a-z0-9_][a-z0-9_.:-]{0,127}$'),
     job_version         integer NOT NULL DEFAULT 1,
     status              text NOT NULL DEFAULT 'pending' CHECK (status IN
@@ -86,8 +102,6 @@ CREATE INDEX job_run_finished_idx ON job_run (finished_at)
 CREATE INDEX job_run_dedupe_idx ON job_run (job_type, dedupe_key, created_at)
     WHERE dedupe_key IS NOT NULL;
 CREATE INDEX job_run_parent_idx ON job_run (parent_run_id) WHERE parent_run_id IS NOT NULL;
--- Listings page newest first by (created_at, id).
-CREATE INDEX job_run_created_idx ON job_run (created_at DESC, id DESC);
 
 CREATE TABLE job_step (
     run_id      uuid NOT NULL REFERENCES job_run (id) ON DELETE CASCADE,
@@ -191,7 +205,7 @@ BEGIN
 
     INSERT INTO job_run (id, job_type, job_version, input, pool, priority, run_at, max_attempts,
                          timeout_s, dedupe_key, tags, trigger_source, trigger_ref)
-    VALUES (coalesce(p_id, gen_random_uuid()), p_job_type, coalesce(def.version, 1), p_input,
+    VALUES (coalesce(p_id, uuid7()), p_job_type, coalesce(def.version, 1), p_input,
             coalesce(p_pool, def.pool, 'default'), coalesce(p_priority, def.priority_default, 0),
             coalesce(p_run_at, now()), coalesce(p_max_attempts, def.max_attempts, 25),
             def.timeout_s, p_dedupe_key, coalesce(p_tags, ARRAY[]::text[]),

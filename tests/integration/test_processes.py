@@ -297,6 +297,24 @@ def test_sigterm_releases_running_runs_and_another_worker_finishes_them(
     assert db.execute("SELECT DISTINCT attempts FROM notifyq.job_run").fetchall() == [(1,)]
 
 
+def test_a_second_sigterm_during_shutdown_does_not_abandon_running_runs(
+        dsn: str, db: Conn, logs: Path) -> None:
+    env = {"NOTIFYQ_WORKER__SHUTDOWN_GRACE_S": "1.5"}
+    with Workers(dsn, logs, extra_env=env) as workers:
+        leaving = workers.start(concurrency=5)
+        _wait_handlers_registered(db, "faults.slow")
+        ids = enqueue_sql(db, "faults.slow", 5, input='{"seconds": 30}')
+        wait_until(lambda: _assert(_running_by(db, leaving.pid) == 5), timeout=20)
+        leaving.terminate()
+        wait_until(lambda: _assert("waiting up to" in workers.logs()), timeout=10)
+        leaving.terminate()  # an impatient operator: the second one must not kill it
+        assert leaving.wait(15) == 0, workers.logs()
+        rows = db.execute("SELECT status, attempts, leased_by FROM notifyq.job_run "
+                          "WHERE id = ANY(%s)", (ids,)).fetchall()
+        assert rows == [("pending", 0, None)] * 5
+        assert "still shutting down" in workers.logs()
+
+
 @pytest.mark.timeout(90)
 def test_sigterm_while_the_database_is_unreachable_exits_in_bounded_time(
         dsn: str, db: Conn, logs: Path) -> None:
