@@ -6,11 +6,12 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 import anyio
 import psycopg
+from anyio.abc import TaskStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -22,26 +23,39 @@ from notifyq.db.pool import AsyncConn, open_pool, require_dsn
 from notifyq.db.queries import Queries, queries_for
 from notifyq.dispatch.retry import RetryPolicy
 from notifyq.dispatch.worker import Worker
+from notifyq.durable.policies import (
+    ConcurrencyPolicy,
+    DedupePolicy,
+    ReplayFrom,
+    Scope,
+    key_for,
+)
 from notifyq.enqueue import (
     EnqueueRequest,
     Prepared,
     coerce_requests,
+    encode_input,
     prepare,
     translate_db_error,
 )
 from notifyq.errors import ConfigError
 from notifyq.notifier import WakeSender, wake_payload
-from notifyq.registry import PeriodicSpec, Registry
+from notifyq.registry import HandlerSpec, PeriodicSpec, Registry
 from notifyq.run import Run
 from notifyq.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from notifyq.crypto.columns import EncryptedColumn
+    from notifyq.crypto.keyring import Keyring
 
 log = logging.getLogger("notifyq")
 
 T = TypeVar("T")
 
-# The SQL function raises 22023 (a DataException) for bad values and 54000 (not one) when the
-# input is too large; both become InvalidEnqueue / PayloadTooLarge.
-_VALIDATION_ERRORS = (psycopg.errors.DataException, psycopg.errors.ProgramLimitExceeded)
+# The SQL function raises 22023 for bad values, 54000 when the input is too large and NQ409 when
+# a "reject" concurrency key is busy: translate_db_error maps those (and only those) to
+# InvalidEnqueue / PayloadTooLarge / ConcurrencyRejected.
+_VALIDATION_ERRORS = (psycopg.DatabaseError,)
 
 
 class App:
@@ -79,17 +93,73 @@ class App:
         self._sync_pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] | None = None
         self._waker: WakeSender | None = None
         self._open_lock = anyio.Lock()
+        self._init_keys()
+
+    # -- secrets at rest ----------------------------------------------------------------------
+
+    def _init_keys(self) -> None:
+        from notifyq.crypto.admin import REENCRYPT, KeyAdmin
+        from notifyq.crypto.columns import EncryptedColumns
+        from notifyq.handlers.reencrypt import Reencryptor
+
+        self._keyring: Keyring | None = None
+        self.keys = KeyAdmin(self)
+        """Key administration: ``sync``, ``status``, ``rotate``, ``retire``."""
+        self.encrypted_columns = EncryptedColumns()
+        for column in self.settings.encrypted_columns:
+            self.encrypted_columns.register(column.table, pk=column.pk, column=column.column)
+        if self.has_keyring:
+            self.handler(REENCRYPT, retry=RetryPolicy(attempts=25, base_s=1, max_s=300))(
+                Reencryptor(self))
+
+    @property
+    def has_keyring(self) -> bool:
+        return self.settings.keys is not None or self.settings.key_file is not None
+
+    @property
+    def keyring(self) -> Keyring:
+        """The master keys from ``NOTIFYQ_KEYS`` / ``NOTIFYQ_KEY_FILE`` and
+        ``NOTIFYQ_ACTIVE_KEY_VERSION``, built on first use. Workers check it against the
+        database at start (``app.keys.sync``)."""
+        if self._keyring is None:
+            from notifyq.crypto.keyring import Keyring, configured_keys
+
+            keys = self.settings.keys
+            try:
+                found = configured_keys(keys.get_secret_value() if keys else None,
+                                        self.settings.key_file, self.settings.active_key_version)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            if found is None:
+                raise ConfigError("no keyring is configured: set NOTIFYQ_KEYS (or "
+                                  "NOTIFYQ_KEY_FILE) and NOTIFYQ_ACTIVE_KEY_VERSION")
+            self._keyring = Keyring(found[0], active=found[1])
+        return self._keyring
+
+    def encrypted_column(self, table: str, *, pk: str = "id", column: str) -> EncryptedColumn:
+        """Register one of your ``bytea`` columns of notifyq ciphertexts (``schema.table``) so
+        key rotation re-encrypts it; returns it (``.context(row_id)`` for encrypt/decrypt)."""
+        return self.encrypted_columns.register(table, pk=pk, column=column)
 
     # -- registration -------------------------------------------------------------------------
 
     def handler(self, job_type: str, *, retry: RetryPolicy | None = None,
                 timeout_s: float | None = None, pool: str = "default", priority: int = 0,
-                version: int = 1) -> Callable[[T], T]:
+                version: int = 1, concurrency: ConcurrencyPolicy | None = None,
+                dedupe: DedupePolicy | None = None, scope: Scope | None = None,
+                replay_from: ReplayFrom = "last_step") -> Callable[[T], T]:
         """Register a handler: an async function, a sync function (run in a worker thread), or
-        a class / instance with a ``handle(ctx)`` method."""
+        a class / instance with a ``handle(ctx)`` method.
+
+        Policies: ``retry`` (attempts and backoff), ``timeout_s``, ``concurrency`` (at most N
+        running per key), ``dedupe`` (one run per key within a window), ``scope`` (the entity
+        a run is about), ``replay_from`` (which memoized steps a retry reuses).
+        """
         def register(target: T) -> T:
             self.registry.register(job_type, target, retry=retry, timeout_s=timeout_s,
-                                   pool=pool, priority=priority, version=version)
+                                   pool=pool, priority=priority, version=version,
+                                   concurrency=concurrency, dedupe=dedupe, scope=scope,
+                                   replay_from=replay_from)
             return target
         return register
 
@@ -160,6 +230,7 @@ class App:
                       run_at: datetime | None = None, priority: int | None = None,
                       pool: str | None = None, max_attempts: int | None = None,
                       dedupe_key: str | None = None, tags: Sequence[str] | None = None,
+                      tenant_id: str | None = None,
                       conn: psycopg.AsyncConnection[Any] | None = None) -> Run:
         """Enqueue one run and return it (the existing run when ``dedupe_key`` matched).
 
@@ -169,7 +240,7 @@ class App:
         prepared = self._prepare(EnqueueRequest(
             job_type=job_type, input={} if input is None else input, run_at=run_at,
             priority=priority, pool=pool, max_attempts=max_attempts, dedupe_key=dedupe_key,
-            tags=tags))
+            tags=tags, tenant_id=tenant_id))
         if conn is not None:
             return await self._enqueue_on(conn, prepared, notify=True)
         db = await self.pool()
@@ -205,12 +276,13 @@ class App:
                      run_at: datetime | None = None, priority: int | None = None,
                      pool: str | None = None, max_attempts: int | None = None,
                      dedupe_key: str | None = None, tags: Sequence[str] | None = None,
+                     tenant_id: str | None = None,
                      conn: psycopg.Connection[Any] | None = None) -> Run:
         """:meth:`enqueue` for synchronous code (Django, Flask, scripts)."""
         prepared = self._prepare(EnqueueRequest(
             job_type=job_type, input={} if input is None else input, run_at=run_at,
             priority=priority, pool=pool, max_attempts=max_attempts, dedupe_key=dedupe_key,
-            tags=tags))
+            tags=tags, tenant_id=tenant_id))
         if conn is not None:
             return self._enqueue_on_sync(conn, prepared)
         with self._sync().connection() as own:
@@ -230,7 +302,8 @@ class App:
                 max_attempts=spec.retry.attempts if request.max_attempts is None
                 else request.max_attempts,
                 pool=spec.pool if request.pool is None else request.pool,
-                priority=spec.priority if request.priority is None else request.priority)
+                priority=spec.priority if request.priority is None else request.priority,
+                **_policy_fields(spec, request))
         return prepare(request, self.settings.max_input_bytes)
 
     async def _enqueue_on(self, conn: psycopg.AsyncConnection[Any], prepared: Prepared, *,
@@ -240,7 +313,10 @@ class App:
                 await cur.execute(self.queries.job_run_enqueue, prepared.params(notify=notify))
                 row = await cur.fetchone()
         except _VALIDATION_ERRORS as exc:  # the SQL function's own validation
-            raise translate_db_error(exc) from None
+            translated = translate_db_error(exc)
+            if translated is exc:
+                raise
+            raise translated from None
         if row is None:  # pragma: no cover - _enqueue always returns a row
             raise RuntimeError("enqueue returned no row")
         return Run.from_row(row)
@@ -251,14 +327,17 @@ class App:
                 cur.execute(self.queries.job_run_enqueue, prepared.params(notify=True))
                 row = cur.fetchone()
         except _VALIDATION_ERRORS as exc:
-            raise translate_db_error(exc) from None
+            translated = translate_db_error(exc)
+            if translated is exc:
+                raise
+            raise translated from None
         if row is None:  # pragma: no cover - _enqueue always returns a row
             raise RuntimeError("enqueue returned no row")
         return Run.from_row(row)
 
     async def _insert_many(self, conn: psycopg.AsyncConnection[Any],
                            prepared: list[Prepared]) -> list[Run]:
-        plain = [p for p in prepared if p.request.dedupe_key is None]
+        plain = [p for p in prepared if not p.request.needs_locks]
         by_id: dict[UUID, Run] = {}
         async with conn.cursor(row_factory=dict_row) as cur:
             if plain:
@@ -270,7 +349,7 @@ class App:
                     by_id[row["id"]] = Run.from_row(row)
         runs = []
         for p in prepared:
-            if p.request.dedupe_key is None:
+            if not p.request.needs_locks:
                 runs.append(by_id[p.id])
             else:
                 runs.append(await self._enqueue_on(conn, p, notify=False))
@@ -299,6 +378,26 @@ class App:
     async def list_runs(self, **filters: Any) -> list[Run]:
         async with (await self.pool()).connection() as conn:
             return await self.runs.list_runs(conn, **filters)
+
+    async def runs_for_scope(self, entity: str, entity_id: str, *, limit: int = 50,
+                             before: UUID | None = None) -> list[Run]:
+        """The runs about one business entity (see ``Scope``), newest first."""
+        return await self.list_runs(scope_entity_type=entity, scope_entity_id=entity_id,
+                                    limit=limit, before=before)
+
+    async def signal(self, token: str, payload: Any = None) -> int:
+        """Send a signal to ``ctx.wait_for_signal(token)``; returns how many waiting runs it
+        woke (0 when none waits yet: the payload is kept for the run that will)."""
+        if not isinstance(token, str) or not 0 < len(token) <= 512:
+            raise ValueError("signal token must be a string of 1 to 512 characters")
+        encode_input([payload])  # JSON and size check, same as an input
+        async with (await self.pool()).connection() as conn:
+            return await self.runs.signal(conn, token, {} if payload is None else payload)
+
+    async def steps(self, run_id: UUID | str) -> list[dict[str, Any]]:
+        """A run's memoized steps (id, seq, kind, status, output, error, attempts)."""
+        async with (await self.pool()).connection() as conn:
+            return await self.runs.steps(conn, _uuid(run_id))
 
     async def cancel(self, run_id: UUID | str) -> Run:
         async with (await self.pool()).connection() as conn:
@@ -330,12 +429,16 @@ class App:
             concurrency=concurrency or cfg.concurrency, pools=pools, burst=burst)
 
     async def run_worker(self, *, concurrency: int | None = None, pools: list[str] | None = None,
-                         burst: bool = False) -> None:
+                         burst: bool = False,
+                         task_status: TaskStatus[Worker] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run a worker in this process until cancelled (then shut down gracefully), or in
-        burst mode until nothing is runnable."""
+        burst mode until nothing is runnable. With ``await tg.start(app.run_worker)`` the caller
+        gets the :class:`Worker` once it is built (``notifyq serve`` reads its counters)."""
         db = await self.pool()
         async with db.connection() as conn:
             await migrations.require_current(conn, self.settings.schema_name)
+            if self.has_keyring:
+                await self.keys.sync(conn)
             for spec in self.registry.specs():
                 params = spec.definition()
                 params["retry_policy"] = Jsonb(params["retry_policy"])
@@ -344,7 +447,23 @@ class App:
         log.info("worker %s: pools %s, concurrency %d, handlers %s", worker.id,
                  ",".join(worker.producers), worker.slots.size,
                  ",".join(s.job_type for s in self.registry.specs()) or "-")
+        task_status.started(worker)
         await worker.run()
+
+
+def _policy_fields(spec: HandlerSpec, request: EnqueueRequest) -> dict[str, Any]:
+    """The run's keys computed from the handler's policies (explicit values win)."""
+    out: dict[str, Any] = {}
+    if (c := spec.concurrency) is not None and request.concurrency_key is None:
+        out.update(concurrency_key=key_for(c.key, request.input, "concurrency"),
+                   concurrency_limit=c.limit, concurrency_collision=c.collision)
+    if (d := spec.dedupe) is not None and request.dedupe_key is None:
+        out.update(dedupe_key=key_for(d.key, request.input, "dedupe"),
+                   dedupe_window_s=d.window_s)
+    if (s := spec.scope) is not None and request.scope_entity_id is None:
+        out.update(scope_entity_type=s.entity,
+                   scope_entity_id=key_for(s.id_from, request.input, "scope id"))
+    return out
 
 
 def _uuid(value: UUID | str) -> UUID:

@@ -52,14 +52,17 @@ from psycopg import sql
 
 from notifyq.app import App
 from notifyq.context import JobContext
+from notifyq.durable.policies import ConcurrencyPolicy
 from notifyq.enqueue import EnqueueRequest
 from notifyq.errors import NotifyqError
 from notifyq.settings import load_settings
 
-SECTIONS = ("enqueue", "bulk", "drain", "latency", "sql")
+SECTIONS = ("enqueue", "bulk", "drain", "latency", "sql", "durable")
 DEFAULT_DATABASE = "notifyq_bench"
 DEFAULT_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 JOB_TYPE = "bench.noop"
+STEPS_TYPE = "bench.steps"
+KEYED_TYPE = "bench.keyed"
 
 _BASELINE_DDL: LiteralString = """
 CREATE TABLE IF NOT EXISTS bench_plain (
@@ -94,11 +97,16 @@ class Sizes:
     sql_n: int = 50_000
     sql_batch: int = 100
     sql_connections: tuple[int, ...] = (1, 4)
+    durable_n: int = 1000
+    durable_steps: int = 10
+    keyed_queued: int = 10_000
+    keyed_claims: int = 50
     repeats: int = 3
 
 
 QUICK = Sizes(enqueue_n=200, bulk_n=3000, drain_n=1000, drain_tries=(50,), latency_n=15,
-              sql_n=2000, sql_connections=(1, 2), repeats=1)
+              sql_n=2000, sql_connections=(1, 2), durable_n=50, durable_steps=3,
+              keyed_queued=300, keyed_claims=5, repeats=1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -182,6 +190,15 @@ class Bench:
         self._timing = False
         self._progress = anyio.Event()
 
+        @self.app.handler(STEPS_TYPE)
+        async def steps(ctx: JobContext) -> None:
+            for i in range(int(ctx.input["steps"])):
+                await ctx.step(f"s{i}", lambda: None)
+
+        @self.app.handler(KEYED_TYPE, concurrency=ConcurrencyPolicy(key="{k}"))
+        async def keyed(ctx: JobContext) -> None:
+            return None
+
         @self.app.handler(JOB_TYPE)
         async def noop(ctx: JobContext) -> None:
             self.executed += 1
@@ -219,6 +236,47 @@ class Bench:
             await self.reset()
             results.append(await measure())
         return _median(results)
+
+    # -- (6) durable runs: the cost of a memoized step, and of skipping busy concurrency keys --
+
+    async def durable(self) -> dict[str, Any]:
+        n, k = self.sizes.durable_n, self.sizes.durable_steps
+        plain = await self._repeat(lambda: self._drain_steps(n, 0))
+        stepped = await self._repeat(lambda: self._drain_steps(n, k))
+        per_step_us = (1 / stepped - 1 / plain) / k * 1e6
+        return {"n": n, "steps_per_run": k, "runs_per_s_no_steps": plain,
+                "runs_per_s_with_steps": stepped, "us_per_step": round(per_step_us, 1),
+                **await self._keyed_skip_rate()}
+
+    async def _drain_steps(self, n: int, steps: int) -> float:
+        await self.app.enqueue_many([{"job_type": STEPS_TYPE, "input": {"steps": steps}}
+                                     for _ in range(n)])
+        started = time.perf_counter()
+        await self.app.run_worker(concurrency=10, burst=True)
+        return n / (time.perf_counter() - started)
+
+    async def _keyed_skip_rate(self) -> dict[str, Any]:
+        """One key at its limit (a run holds it) and `keyed_queued` runs queued behind it: each
+        keyed claim must look past all of them and claim nothing."""
+        await self.reset()
+        queued, claims = self.sizes.keyed_queued, self.sizes.keyed_claims
+        await self.app.enqueue_many([{"job_type": KEYED_TYPE, "input": {"k": "hot"},
+                                      "concurrency_key": "hot"} for _ in range(queued + 1)])
+        q = self.app.queries
+        params = {"now": None, "pool": "default", "limit": 10, "worker_id": "bench",
+                  "lease_s": 60.0}
+        async with (await self.app.pool()).connection() as conn:
+            params["limit"] = 1
+            held = await (await conn.execute(q.job_run_claim_keyed, params)).fetchall()
+            params["limit"] = 10
+            started = time.perf_counter()
+            for _ in range(claims):
+                if await (await conn.execute(q.job_run_claim_keyed, params)).fetchall():
+                    raise BenchError("a keyed claim took a run past its concurrency limit")
+            elapsed = time.perf_counter() - started
+        return {"keyed_queued": queued, "keyed_held": len(held),
+                "keyed_claims_per_s": round(claims / elapsed, 1),
+                "keyed_skipped_per_s": round(claims * queued / elapsed)}
 
     # -- (1) single enqueue, with the PostgreSQL baselines ---------------------------------
 
@@ -385,7 +443,8 @@ class Bench:
                         "now": None, "ids": [r["id"] for r in rows],
                         "fences": [r["fence"] for r in rows], "statuses": ["completed"] * k,
                         "outputs": [None] * k, "errors": [None] * k, "run_ats": [None] * k,
-                        "refunds": [0] * k})
+                        "refunds": [0] * k, "wait_kinds": [None] * k,
+                        "wait_tokens": [None] * k, "waiting_ons": [None] * k})
 
         async def all_loops() -> None:
             async with anyio.create_task_group() as tg:
@@ -453,6 +512,16 @@ def render(report: dict[str, Any]) -> str:
             rows.append(("sql" if key == min(k for k in q if k.startswith("connections_"))
                          else "", f"claim+complete loop, {q['batch']}-row batches, {conns} conn",
                          _rate_text(q[key])))
+    if "durable" in report:
+        du = report["durable"]
+        rows += [
+            ("durable", f"drain, {du['steps_per_run']} memoized steps per run (N={du['n']})",
+             f"{du['runs_per_s_with_steps']:,.0f} runs/s"),
+            ("", "same runs without steps", f"{du['runs_per_s_no_steps']:,.0f} runs/s"),
+            ("", "overhead per memoized step", f"{du['us_per_step']:,.0f} us"),
+            ("", f"keyed claim past {du['keyed_queued']:,} queued runs of a busy key",
+             f"{du['keyed_skipped_per_s']:,} skipped/s"),
+        ]
     widths = [max(len(r[i]) for r in rows) for i in range(3)] if rows else [0, 0, 0]
     lines += [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}" for a, b, c in rows]
     return "\n".join(lines)

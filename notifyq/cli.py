@@ -27,6 +27,7 @@ from uuid import UUID
 import anyio
 import psycopg
 
+from notifyq import embedded
 from notifyq.app import App
 from notifyq.control import Stats
 from notifyq.db.pool import AsyncConn, connect, require_dsn
@@ -87,6 +88,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="drain what is runnable now, then exit 0")
     worker.set_defaults(func=cmd_worker)
 
+    _add_serve(sub)
+
     _add_enqueue(sub)
     _add_runs(sub)
 
@@ -94,11 +97,25 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true", help="print JSON")
     stats.set_defaults(func=cmd_stats)
 
+    from notifyq.crypto.commands import add_keys_parser
+    add_keys_parser(sub)
     from notifyq.bench import add_arguments as add_bench_arguments
     bench = sub.add_parser("bench", help="measure enqueue, drain and wake latency on this machine")
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def _add_serve(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="worker + maintenance + admin HTTP API in one process")
+    serve.add_argument("--host", help="address to bind (default api.host: 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to bind (default api.port: 8080)")
+    serve.add_argument("--app", help="MODULE:ATTR of your notifyq.App")
+    serve.add_argument("--no-worker", dest="worker", action="store_false",
+                       help="serve the API only")
+    serve.add_argument("--no-api", dest="api", action="store_false",
+                       help="run the worker only")
+    serve.set_defaults(func=cmd_serve)
 
 
 def _add_enqueue(sub: Any) -> None:
@@ -195,13 +212,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _setup_logging() -> None:
+    from notifyq.logs import configure
     from notifyq.settings import load_settings
     try:
-        level = load_settings().log_level
+        settings = load_settings()
     except NotifyqError:
-        level = "INFO"
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure()
+        return
+    configure(settings.log_level, settings.log_format)
 
 
 def run_async(fn: Callable[[], Awaitable[int]]) -> int:
@@ -237,7 +255,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             applied = await app.migrate()
         print("applied: " + ", ".join(applied) if applied else "nothing to apply")
         return 0
-    return run_async(go)
+    with embedded.database_for(app, migrate=False):
+        return run_async(go)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -251,7 +270,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                      burst=args.burst)
             tg.cancel_scope.cancel()
         return 0
-    return _exit_past_hung_threads(run_async(go))
+    with embedded.database_for(app):
+        code = run_async(go)
+    return _exit_past_hung_threads(code)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from notifyq.service import ServeOptions, serve
+
+    app = load_app(args.app)
+    options = ServeOptions(host=args.host, port=args.port, worker=args.worker, api=args.api)
+    with embedded.database_for(app):
+        code = run_async(lambda: serve(app, options))
+    return _exit_past_hung_threads(code)
 
 
 def _exit_past_hung_threads(code: int) -> int:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 from uuid import UUID
 
+from psycopg.types.json import Jsonb
+
 from notifyq.clock import Clock
 from notifyq.db.pool import AsyncConn
 from notifyq.db.queries import Queries
@@ -37,14 +39,19 @@ class RunControl:
         return Run.from_row(row)
 
     async def list_runs(self, conn: AsyncConn, *, status: str | None = None,
-                   job_type: str | None = None, pool: str | None = None, tag: str | None = None,
-                   limit: int = 50, before: UUID | None = None) -> list[Run]:
+                        job_type: str | None = None, pool: str | None = None,
+                        tag: str | None = None, scope_entity_type: str | None = None,
+                        scope_entity_id: str | None = None, tenant_id: str | None = None,
+                        trigger_source: str | None = None, parent_run_id: UUID | None = None,
+                        limit: int = 50, before: UUID | None = None) -> list[Run]:
         """Newest first; pass the last run's id as ``before`` for the next page."""
         if status is not None:
             RunStatus(status)  # ValueError names the bad status
         cur = await conn.execute(self._q.job_run_list, {
             "status": status, "job_type": job_type, "pool": pool, "tag": tag,
-            "limit": max(1, min(limit, 1000)),
+            "scope_entity_type": scope_entity_type, "scope_entity_id": scope_entity_id,
+            "tenant_id": tenant_id, "trigger_source": trigger_source,
+            "parent_run_id": parent_run_id, "limit": max(1, min(limit, 1000)),
             "before_id": before})
         return [Run.from_row(r) for r in await cur.fetchall()]
 
@@ -68,6 +75,16 @@ class RunControl:
                 await self._explain(conn, run_id, "retry")
             await self._notify(conn, [wake_payload(row["pool"])])
         return Run.from_row(row)
+
+    async def signal(self, conn: AsyncConn, token: str, payload: Any) -> int:
+        """Deliver a signal (stored for a run that waits later); returns the runs woken."""
+        row = await (await conn.execute(self._q.job_signal_send, {
+            "token": token, "payload": Jsonb(payload)})).fetchone()
+        return int(row["woken"]) if row else 0
+
+    async def steps(self, conn: AsyncConn, run_id: UUID) -> list[dict[str, Any]]:
+        """A run's memoized steps in execution order."""
+        return await (await conn.execute(self._q.job_step_list, {"run_id": run_id})).fetchall()
 
     async def stats(self, conn: AsyncConn) -> Stats:
         counts = await (await conn.execute(self._q.job_run_count_by_status)).fetchall()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from notifyq.errors import InvalidEnqueue, PayloadTooLarge
+from notifyq.errors import ConcurrencyRejected, InvalidEnqueue, PayloadTooLarge
 
 JOB_TYPE = re.compile(r"^[a-z0-9_][a-z0-9_.:-]{0,127}$")
 POOL = re.compile(r"^[a-z0-9_][a-z0-9_.:-]{0,63}$")
@@ -30,6 +30,8 @@ RUN_AT_RANGE = (datetime(2000, 1, 1, tzinfo=UTC), datetime(3000, 1, 1, tzinfo=UT
 MAX_TAGS = 32
 MAX_TAG_LEN = 128
 MAX_DEDUPE_KEY_LEN = 512
+CONCURRENCY_REJECTED = "NQ409"
+"""SQLSTATE the SQL function raises when a "reject" concurrency key is busy."""
 
 
 def new_run_id() -> uuid.UUID:
@@ -54,6 +56,19 @@ class EnqueueRequest:
     max_attempts: int | None = None
     dedupe_key: str | None = None
     tags: Sequence[str] | None = None
+    tenant_id: str | None = None
+    # Normally filled from the handler's policies; given here they override them.
+    dedupe_window_s: float | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    concurrency_collision: str | None = None
+    scope_entity_type: str | None = None
+    scope_entity_id: str | None = None
+
+    @property
+    def needs_locks(self) -> bool:
+        """Dedupe and concurrency keys are decided under advisory locks, one run at a time."""
+        return self.dedupe_key is not None or self.concurrency_key is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +86,11 @@ class Prepared:
             "priority": r.priority, "pool": r.pool, "max_attempts": r.max_attempts,
             "dedupe_key": r.dedupe_key, "tags": list(r.tags) if r.tags is not None else None,
             "id": self.id, "notify": notify, "trigger_source": "manual", "trigger_ref": None,
+            "dedupe_window_s": r.dedupe_window_s, "concurrency_key": r.concurrency_key,
+            "concurrency_limit": r.concurrency_limit,
+            "concurrency_collision": r.concurrency_collision,
+            "scope_entity_type": r.scope_entity_type, "scope_entity_id": r.scope_entity_id,
+            "tenant_id": r.tenant_id,
         }
 
     def record(self) -> str:
@@ -80,6 +100,8 @@ class Prepared:
             "id": str(self.id), "job_type": r.job_type, "pool": r.pool, "priority": r.priority,
             "run_at": r.run_at.isoformat() if r.run_at else None,
             "max_attempts": r.max_attempts, "tags": list(r.tags) if r.tags is not None else None,
+            "scope_entity_type": r.scope_entity_type, "scope_entity_id": r.scope_entity_id,
+            "tenant_id": r.tenant_id,
         }
         head = json.dumps(fields_, separators=(",", ":"))
         return f'{head[:-1]},"input":{self.input_json}}}'
@@ -99,7 +121,22 @@ def prepare(request: EnqueueRequest, max_input_bytes: int = MAX_INPUT_BYTES) -> 
     key = request.dedupe_key
     if key is not None and (not isinstance(key, str) or not 0 < len(key) <= MAX_DEDUPE_KEY_LEN):
         raise InvalidEnqueue(f"dedupe_key must be a string of 1 to {MAX_DEDUPE_KEY_LEN} characters")
+    _check_durable(request)
     return Prepared(request, input_json, new_run_id())
+
+
+def _check_durable(request: EnqueueRequest) -> None:
+    for name in ("tenant_id", "concurrency_key", "scope_entity_type", "scope_entity_id"):
+        value = getattr(request, name)
+        if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 512):
+            raise InvalidEnqueue(f"{name} must be a string of 1 to 512 characters")
+    if request.concurrency_collision not in (None, "queue", "reject", "replace"):
+        raise InvalidEnqueue("concurrency_collision must be queue, reject or replace, got "
+                             f"{request.concurrency_collision!r}")
+    _check_range("concurrency_limit", request.concurrency_limit, (1, 100_000))
+    window = request.dedupe_window_s
+    if window is not None and (not isinstance(window, int | float) or window <= 0):
+        raise InvalidEnqueue(f"dedupe_window_s must be a positive number, got {window!r}")
 
 
 def encode_input(value: Any, max_input_bytes: int = MAX_INPUT_BYTES) -> str:
@@ -205,6 +242,8 @@ def translate_db_error(exc: Exception) -> Exception:
     if not message.startswith("notifyq: "):
         return exc
     text = message.removeprefix("notifyq: ")
+    if getattr(exc, "sqlstate", None) == CONCURRENCY_REJECTED:
+        return ConcurrencyRejected(text)
     if getattr(exc, "sqlstate", None) == "54000":
         match = re.search(r"input is (\d+) bytes; the limit is (\d+)", text)
         if match:

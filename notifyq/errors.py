@@ -7,10 +7,17 @@ The tree, rooted at :class:`NotifyqError`::
     ├── SchemaError            the database schema is missing, behind or ahead of this notifyq
     ├── InvalidEnqueue         refused at the edge; nothing was written
     │   └── PayloadTooLarge    the serialized input exceeds the limit
+    ├── ConcurrencyRejected    the concurrency key is busy and its policy is "reject"
+    ├── ChildFailed            a child run awaited by ctx.wait_for did not complete
+    ├── StepError              a step was misused (id used twice, output not JSON)
     ├── UnknownJobType         no handler is registered for a run's type
     ├── RunNotFound            no run with that id
     ├── InvalidTransition      the run is not in a state that allows the operation
-    └── LeaseLost              internal: a fenced write-back matched no row
+    ├── LeaseLost              internal: a fenced write-back matched no row
+    ├── DecryptionFailed       a ciphertext does not decrypt (corrupted, or another row's)
+    │   ├── UnknownKeyVersion  its key version is not configured here
+    │   └── RetiredKeyVersion  its key version was retired
+    └── RotationInProgress     a key rotation to another version is still pending or running
 
 Handlers raise :class:`Permanent` (dead-letter at once) or :class:`Snooze` (run later, attempt
 not counted); those are signals, not errors of notifyq.
@@ -47,6 +54,36 @@ class PayloadTooLarge(InvalidEnqueue):
         self.limit = limit
 
 
+class ConcurrencyRejected(NotifyqError):
+    """The run's concurrency key already has its limit of active runs and the handler's
+    ConcurrencyPolicy says ``collision="reject"``; nothing was enqueued."""
+
+
+class ChildFailed(NotifyqError):
+    """A child run that the parent waited for ended ``failed``, ``timed_out`` or ``canceled``.
+
+    Catch it in the parent to decide what to do; ``child_id``, ``status`` and ``error`` say
+    what happened.
+    """
+
+    def __init__(self, child_id: object, job_type: str, status: str,
+                 error: dict[str, object] | None) -> None:
+        reason = (error or {}).get("message", status)
+        super().__init__(f"child run {child_id} ({job_type}) ended {status}: {reason}")
+        self.child_id = child_id
+        self.status = status
+        self.error = error
+
+
+class StepError(NotifyqError):
+    """A durable step was misused: the same step id twice in one execution, or an output
+    that is not JSON. Fix the handler; retrying would fail the same way."""
+
+
+class WaitTimeout(NotifyqError):
+    """A durable wait (signal or children) passed its deadline; the run ends ``timed_out``."""
+
+
 class UnknownJobType(NotifyqError):
     """A run's type has no registered handler in this worker."""
 
@@ -64,6 +101,26 @@ class LeaseLost(NotifyqError):
 
     Raised and handled inside notifyq; the write is dropped, never retried.
     """
+
+
+class DecryptionFailed(NotifyqError):
+    """A ciphertext did not decrypt: it was corrupted, truncated, or copied from another row or
+    column (the associated data binds it to where it lives). Messages name the table, column and
+    row, never key bytes or plaintext."""
+
+
+class UnknownKeyVersion(DecryptionFailed):
+    """The ciphertext names a key version this keyring does not hold: add that version to
+    NOTIFYQ_KEYS (or the key file) as decrypt-only."""
+
+
+class RetiredKeyVersion(DecryptionFailed):
+    """The ciphertext names a key version that was retired (`notifyq keys retire`)."""
+
+
+class RotationInProgress(NotifyqError):
+    """A key rotation to another version is still pending or running; wait for it to finish
+    (`notifyq keys rotate --wait`) or cancel its run first."""
 
 
 class Permanent(Exception):

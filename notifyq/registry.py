@@ -11,6 +11,13 @@ from typing import Any, Literal
 
 from notifyq.context import JobContext
 from notifyq.dispatch.retry import RetryPolicy
+from notifyq.durable.policies import (
+    ConcurrencyPolicy,
+    DedupePolicy,
+    ReplayFrom,
+    Scope,
+    template_of,
+)
 from notifyq.enqueue import JOB_TYPE, POOL
 from notifyq.errors import ConfigError
 
@@ -29,12 +36,26 @@ class HandlerSpec:
     pool: str
     priority: int
     version: int
+    concurrency: ConcurrencyPolicy | None = None
+    dedupe: DedupePolicy | None = None
+    scope: Scope | None = None
+    replay_from: ReplayFrom = "last_step"
 
     def definition(self) -> dict[str, Any]:
-        """The row this handler upserts into ``job``."""
+        """The row this handler upserts into ``job``: its policies as data, so enqueuers in
+        other processes and languages apply them (key templates; callables stay in Python)."""
+        c, d, s = self.concurrency, self.dedupe, self.scope
         return {"type": self.job_type, "version": self.version, "pool": self.pool,
                 "priority": self.priority, "max_attempts": self.retry.attempts,
-                "retry_policy": self.retry.to_json(), "timeout_s": self.timeout_s}
+                "retry_policy": self.retry.to_json(), "timeout_s": self.timeout_s,
+                "concurrency_key_template": template_of(c.key) if c else None,
+                "concurrency_collision": c.collision if c else None,
+                "concurrency_limit": c.limit if c else None,
+                "dedupe_key_template": template_of(d.key) if d else None,
+                "dedupe_window_s": d.window_s if d else None,
+                "replay_from": self.replay_from,
+                "scope_entity_type": s.entity if s else None,
+                "scope_id_template": template_of(s.id_from) if s else None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +77,10 @@ class Registry:
         self.periodic: list[PeriodicSpec] = []
 
     def register(self, job_type: str, target: Any, *, retry: RetryPolicy | None,
-                 timeout_s: float | None, pool: str, priority: int, version: int) -> HandlerSpec:
+                 timeout_s: float | None, pool: str, priority: int, version: int,
+                 concurrency: ConcurrencyPolicy | None = None,
+                 dedupe: DedupePolicy | None = None, scope: Scope | None = None,
+                 replay_from: ReplayFrom = "last_step") -> HandlerSpec:
         if not JOB_TYPE.match(job_type):
             raise ConfigError(f"invalid job type {job_type!r}: it must match {JOB_TYPE.pattern}")
         if not POOL.match(pool):
@@ -66,8 +90,11 @@ class Registry:
         if job_type in self._handlers:
             self._duplicate(job_type)
         call = _callable(target)
+        if replay_from not in ("scratch", "last_step", "last_checkpoint"):
+            raise ConfigError("replay_from must be scratch, last_step or last_checkpoint, "
+                              f"got {replay_from!r}")
         spec = HandlerSpec(job_type, call, _is_async(call), retry or RetryPolicy(), timeout_s,
-                           pool, priority, version)
+                           pool, priority, version, concurrency, dedupe, scope, replay_from)
         self._handlers[job_type] = spec
         self._by_function[id(target)] = job_type
         return spec
@@ -87,6 +114,11 @@ class Registry:
 
     def specs(self) -> list[HandlerSpec]:
         return list(self._handlers.values())
+
+    def keyed_pools(self) -> set[str]:
+        """Pools with a handler that has a concurrency policy: their producers also run the
+        keyed claim."""
+        return {s.pool for s in self._handlers.values() if s.concurrency is not None}
 
     def pools(self) -> list[str]:
         return sorted({s.pool for s in self._handlers.values()})

@@ -13,7 +13,14 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -81,6 +88,16 @@ class ReaperSettings(_Section):
     """Most runs rescued per statement. Defaults to 1000."""
 
 
+class ResumerSettings(_Section):
+    enabled: bool = True
+    """Defaults to True."""
+    interval_s: Seconds = 0.5
+    """How often due durable sleeps and wait deadlines are looked for: a sleep resumes within
+    about this much of its end. Defaults to 0.5."""
+    batch_size: Annotated[int, Field(ge=1)] = 1000
+    """Defaults to 1000."""
+
+
 class PurgerSettings(_Section):
     enabled: bool = True
     """Defaults to True."""
@@ -100,6 +117,65 @@ class PurgerSettings(_Section):
 class LeaderSettings(_Section):
     ttl_s: Seconds = 15.0
     """A leader that stops renewing loses the role after this. Defaults to 15.0."""
+
+
+class ApiToken(_Section):
+    """One bearer token of the admin API (config file: ``api.tokens``)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    """Shown in logs instead of the token. Required."""
+    token: SecretStr
+    """The bearer token itself (at least 16 characters). Required."""
+    scopes: list[Literal["read", "admin"]] = Field(
+        default_factory=lambda: ["read"])  # type: ignore[arg-type]
+    """``read`` lists and gets; ``admin`` also enqueues, cancels and retries. Defaults to
+    ["read"]."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ApiToken:
+        if len(self.token.get_secret_value()) < 16:
+            raise ValueError(f"token {self.name!r} must be at least 16 characters")
+        return self
+
+
+class ApiSettings(_Section):
+    """The admin HTTP API of ``notifyq serve``."""
+
+    host: str = "127.0.0.1"
+    """Address to bind. Defaults to "127.0.0.1" (a non-loopback address needs a token)."""
+    port: Annotated[int, Field(ge=0, le=65_535)] = 8080
+    """Defaults to 8080."""
+    admin_token: SecretStr | None = None
+    """Bearer token with every scope; also ``NOTIFYQ_ADMIN_TOKEN``. Defaults to none."""
+    read_token: SecretStr | None = None
+    """Bearer token with the read scope; also ``NOTIFYQ_READ_TOKEN``. Defaults to none."""
+    tokens: list[ApiToken] = Field(default_factory=list)
+    """More named tokens with their scopes. Defaults to none."""
+    max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 1_048_576
+    """Larger request bodies are refused (413) before they are parsed. Defaults to 1 MiB."""
+
+
+class EmbeddedSettings(_Section):
+    """The local PostgreSQL started when no database_url is set (extra ``notifyq[embedded]``)."""
+
+    enabled: bool = True
+    """Start one when database_url is unset. Defaults to True."""
+    data_dir: str | None = None
+    """Where its data lives. Defaults to /var/lib/notifyq/pg as root, else the user data
+    directory (e.g. ~/.local/share/notifyq/pg)."""
+
+
+class EncryptedColumnSettings(_Section):
+    """One encrypted column of yours (config file: ``encrypted_columns``), rotated by
+    ``secret.reencrypt`` and counted by ``notifyq keys status``."""
+
+    table: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_$]{0,62}\."
+                                        r"[A-Za-z_][A-Za-z0-9_$]{0,62}$")]
+    """``schema.table``. Required."""
+    pk: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")] = "id"
+    """The primary key column (single-column keys only). Defaults to "id"."""
+    column: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")]
+    """The ``bytea`` column holding notifyq ciphertexts. Required."""
 
 
 class Settings(BaseSettings):
@@ -123,19 +199,58 @@ class Settings(BaseSettings):
     """Defaults to "production"."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Defaults to "INFO"."""
+    log_format: Literal["auto", "json", "text"] = "auto"
+    """``auto``: JSON lines when stderr is not a terminal, text when it is. Defaults to "auto"."""
     pool_max_size: Annotated[int, Field(ge=1, le=1000)] = 10
     """Connections in the process's pool. Defaults to 10."""
     max_input_bytes: Annotated[int, Field(ge=1, le=65_536)] = 65_536
     """Largest serialized input accepted. Defaults to 65536 (the hard limit)."""
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     reaper: ReaperSettings = Field(default_factory=ReaperSettings)
+    resumer: ResumerSettings = Field(default_factory=ResumerSettings)
     purger: PurgerSettings = Field(default_factory=PurgerSettings)
     leader: LeaderSettings = Field(default_factory=LeaderSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    embedded: EmbeddedSettings = Field(default_factory=EmbeddedSettings)
+    keys: SecretStr | None = None
+    """Master keys, ``VERSION:BASE64`` of 32 bytes each, comma-separated (every version but the
+    active one is decrypt-only). Defaults to none (no keyring)."""
+    key_file: Path | None = None
+    """A file of ``VERSION:BASE64`` lines instead of ``keys``. Defaults to none."""
+    active_key_version: Annotated[int, Field(ge=1)] | None = None
+    """The version new secrets are encrypted under. Required with keys."""
+    encrypted_columns: list[EncryptedColumnSettings] = Field(default_factory=list)
+    """Your encrypted columns (``NOTIFYQ_ENCRYPTED_COLUMNS`` as a JSON list of
+    {"table", "pk", "column"}); code can add more with ``App.encrypted_column``. Defaults to
+    none."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_shorthands(cls, data: Any) -> Any:
+        """``NOTIFYQ_ADMIN_TOKEN`` / ``NOTIFYQ_READ_TOKEN`` are short for
+        ``NOTIFYQ_API__ADMIN_TOKEN`` / ``NOTIFYQ_API__READ_TOKEN`` (the long form wins)."""
+        shorthands = {name: os.environ[f"NOTIFYQ_{name.upper()}"]
+                      for name in ("admin_token", "read_token")
+                      if os.environ.get(f"NOTIFYQ_{name.upper()}")}
+        if not shorthands or not isinstance(data, dict):
+            return data
+        api = data.get("api") or {}
+        if isinstance(api, BaseModel):
+            api = {k: getattr(api, k) for k in api.model_fields_set}
+        return {**data, "api": {**shorthands, **api}}
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
         if not SCHEMA_NAME.match(self.schema_name):
             raise ValueError(f"schema_name {self.schema_name!r} must match {SCHEMA_NAME.pattern}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> Settings:
+        from notifyq.crypto.keyring import configured_keys
+
+        keys = self.keys.get_secret_value() if self.keys is not None else None
+        configured_keys(keys, self.key_file, self.active_key_version)
         return self
 
     @classmethod

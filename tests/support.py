@@ -67,6 +67,7 @@ def spawn_worker(dsn: str, app: str = "tests.apps.ledger:app", *, concurrency: i
 
 
 def stop(proc: subprocess.Popen[Any], timeout: float = 15.0) -> int:
+    """SIGTERM (once), wait, SIGKILL past the timeout; closes the process's pipes."""
     if proc.poll() is None:
         proc.terminate()
     try:
@@ -74,6 +75,10 @@ def stop(proc: subprocess.Popen[Any], timeout: float = 15.0) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
+    finally:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 # -- process fleets and SQL checks for the process / chaos tests ----------------------------------

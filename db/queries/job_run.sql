@@ -3,8 +3,15 @@
 
 -- name: job_run_enqueue
 SELECT * FROM {schema}._enqueue(
-    %(job_type)s, %(input)s::jsonb, %(run_at)s, %(priority)s, %(pool)s, %(max_attempts)s,
-    %(dedupe_key)s, %(tags)s, %(id)s, %(notify)s, NULL, %(trigger_source)s, %(trigger_ref)s)
+    p_job_type => %(job_type)s, p_input => %(input)s::jsonb, p_run_at => %(run_at)s,
+    p_priority => %(priority)s, p_pool => %(pool)s, p_max_attempts => %(max_attempts)s,
+    p_dedupe_key => %(dedupe_key)s, p_tags => %(tags)s, p_id => %(id)s, p_notify => %(notify)s,
+    p_dedupe_window_s => %(dedupe_window_s)s, p_trigger_source => %(trigger_source)s,
+    p_trigger_ref => %(trigger_ref)s, p_concurrency_key => %(concurrency_key)s,
+    p_concurrency_limit => %(concurrency_limit)s,
+    p_concurrency_collision => %(concurrency_collision)s,
+    p_scope_entity_type => %(scope_entity_type)s, p_scope_entity_id => %(scope_entity_id)s,
+    p_tenant_id => %(tenant_id)s)
 
 -- name: job_run_insert_many
 -- Bulk enqueue: the whole batch travels as one jsonb array (one json.dumps in Python, one parse
@@ -12,15 +19,21 @@ SELECT * FROM {schema}._enqueue(
 -- The input is not sent back (the caller has it): returning every column cost 7 of 23 ms per
 -- 1,000 rows.
 INSERT INTO {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at,
-                              max_attempts, timeout_s, tags)
+                              max_attempts, timeout_s, tags, scope_entity_type, scope_entity_id,
+                              tenant_id)
 SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.pool, 'default'),
        coalesce(r.priority, d.priority_default, 0), coalesce(r.run_at, now()),
-       coalesce(r.max_attempts, d.max_attempts, 25), d.timeout_s, coalesce(r.tags, ARRAY[]::text[])
+       coalesce(r.max_attempts, d.max_attempts, 25), d.timeout_s, coalesce(r.tags, ARRAY[]::text[]),
+       coalesce(r.scope_entity_type, d.scope_entity_type),
+       coalesce(r.scope_entity_id, {schema}._expand_template(d.scope_id_template, r.input)),
+       r.tenant_id
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb, pool text,
-     priority integer, run_at timestamptz, max_attempts integer, tags text[])
+     priority integer, run_at timestamptz, max_attempts integer, tags text[],
+     scope_entity_type text, scope_entity_id text, tenant_id text)
 LEFT JOIN {schema}.job d ON d.type = r.job_type
 RETURNING id, job_type, job_version, status, pool, priority, run_at, attempts, max_attempts,
-          timeout_s, tags, dedupe_key, trigger_source, created_at
+          timeout_s, tags, dedupe_key, trigger_source, created_at, scope_entity_type,
+          scope_entity_id, tenant_id
 
 -- name: job_run_notify
 SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payload
@@ -34,6 +47,7 @@ WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 picked AS (
     SELECT id FROM {schema}.job_run, n
     WHERE status = 'pending' AND pool = %(pool)s AND run_at <= n.now
+      AND concurrency_key IS NULL
     ORDER BY priority, run_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -47,6 +61,10 @@ WHERE r.id = picked.id
 RETURNING r.id, r.job_type, r.job_version, r.input, r.pool, r.priority, r.run_at, r.attempts,
           r.max_attempts, r.timeout_s, r.fence, r.tags, r.parent_run_id, r.root_run_id,
           r.dedupe_key, r.created_at, r.cancel_requested_at, r.claimed_at
+
+-- name: job_run_claim_keyed
+-- Runs with a concurrency key, at most their limit running per key (see _claim_keyed).
+SELECT * FROM {schema}._claim_keyed(%(pool)s, %(limit)s, %(worker_id)s, %(lease_s)s, %(now)s)
 
 -- name: job_run_next_run_at
 -- When the pool has nothing runnable now: seconds until the earliest scheduled run_at, so the
@@ -66,18 +84,28 @@ WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 v AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(fences)s::bigint[], %(statuses)s::text[],
                          %(outputs)s::text[], %(errors)s::text[], %(run_ats)s::timestamptz[],
-                         %(refunds)s::integer[])
-        AS v(id, fence, status, output, error, run_at, refund)
+                         %(refunds)s::integer[], %(wait_kinds)s::text[],
+                         %(wait_tokens)s::text[], %(waiting_ons)s::text[])
+        AS v(id, fence, status, output, error, run_at, refund, wait_kind, wait_token, waiting_on)
 )
 UPDATE {schema}.job_run r
-SET status = CASE WHEN v.status = 'pending' AND r.cancel_requested_at IS NOT NULL
-                  THEN 'canceled' ELSE v.status END,
+SET status = CASE WHEN v.status IN ('pending', 'waiting') AND r.cancel_requested_at IS NOT NULL
+                  THEN 'canceled'
+                  -- Children that finished while the parent was deciding to wait are already
+                  -- on its row (the row lock orders the two writes): no wait needed then.
+                  WHEN v.status = 'waiting' AND v.wait_kind = 'children'
+                       AND v.waiting_on::uuid[] <@ r.children_done
+                  THEN 'pending'
+                  ELSE v.status END,
+    wait_kind = v.wait_kind,
+    wait_token = v.wait_token,
+    waiting_on = v.waiting_on::uuid[],
     output = coalesce(v.output::jsonb, r.output),
     error = coalesce(v.error::jsonb, r.error),
     run_at = coalesce(v.run_at, r.run_at),
     attempts = r.attempts - v.refund,
     finished_at = CASE WHEN v.status IN ('completed', 'failed', 'timed_out', 'canceled')
-                         OR r.cancel_requested_at IS NOT NULL
+                         OR (v.status IN ('pending', 'waiting') AND r.cancel_requested_at IS NOT NULL)
                        THEN n.now END,
     leased_by = NULL, lease_expires_at = NULL, updated_at = n.now
 FROM v, n
@@ -148,6 +176,11 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s)
   AND (%(pool)s::text IS NULL OR pool = %(pool)s)
   AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
+  AND (%(scope_entity_type)s::text IS NULL OR scope_entity_type = %(scope_entity_type)s)
+  AND (%(scope_entity_id)s::text IS NULL OR scope_entity_id = %(scope_entity_id)s)
+  AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+  AND (%(trigger_source)s::text IS NULL OR trigger_source = %(trigger_source)s)
+  AND (%(parent_run_id)s::uuid IS NULL OR parent_run_id = %(parent_run_id)s)
   AND (%(before_id)s::uuid IS NULL OR id < %(before_id)s::uuid)
 ORDER BY id DESC
 LIMIT %(limit)s
@@ -192,3 +225,56 @@ LISTEN {schema}
 
 -- name: notifier_ping
 SELECT 1 AS ok
+
+-- name: job_run_resume_due
+-- Waiting runs whose wait is over go back in line: a durable sleep or a wait deadline that has
+-- passed, or a signal that arrived while the run was still deciding to wait for it.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+due AS (
+    SELECT w.id FROM {schema}.job_run w, n
+    WHERE w.status = 'waiting'
+      AND (w.run_at <= n.now
+           OR (w.wait_kind = 'signal'
+               AND EXISTS (SELECT 1 FROM {schema}.job_signal s WHERE s.token = w.wait_token)))
+    ORDER BY w.run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.job_run r
+SET status = 'pending', run_at = least(r.run_at, n.now), updated_at = n.now
+FROM due, n
+WHERE r.id = due.id AND r.status = 'waiting'
+RETURNING r.id, r.pool
+
+-- name: job_run_spawn_child
+-- A parent starts a child, fenced on the parent's claim: marks the parent as having children,
+-- inserts the child through _enqueue (same defaults and wake-up as any enqueue) and memoizes the
+-- spawn as a step of the parent, all in one statement. No row back: the parent lost its lease.
+WITH parent AS (
+    UPDATE {schema}.job_run
+    SET has_children = true
+    WHERE id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+    RETURNING id, coalesce(root_run_id, id) AS root_id
+),
+child AS (
+    SELECT c.* FROM parent, LATERAL {schema}._enqueue(
+        p_job_type => %(job_type)s, p_input => %(input)s::jsonb, p_run_at => %(run_at)s,
+        p_priority => %(priority)s, p_tags => %(tags)s, p_id => %(child_id)s,
+        p_trigger_source => 'parent', p_trigger_ref => parent.id::text,
+        p_parent_run_id => parent.id, p_root_run_id => parent.root_id,
+        p_parent_close_policy => %(close_policy)s) AS c
+),
+step AS (
+    INSERT INTO {schema}.job_step (run_id, step_id, seq, kind, status, output, attempts, attempt,
+                                   started_at, finished_at)
+    SELECT parent.id, %(step_id)s, %(seq)s, 'child', 'completed',
+           jsonb_build_object('run_id', child.id), 1, %(attempt)s, now(), now()
+    FROM parent, child
+    ON CONFLICT (run_id, step_id) DO UPDATE
+    SET output = excluded.output, seq = excluded.seq, attempt = excluded.attempt
+    RETURNING run_id
+)
+SELECT child.id, child.pool FROM child, step
+
+-- name: job_run_status_many
+SELECT id, job_type, status, output, error FROM {schema}.job_run WHERE id = ANY(%(ids)s::uuid[])

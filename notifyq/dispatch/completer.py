@@ -116,6 +116,9 @@ class Completer:
             "errors": [i.outcome.error for i in batch],
             "run_ats": [i.outcome.run_at for i in batch],
             "refunds": [i.outcome.refund for i in batch],
+            "wait_kinds": [i.outcome.wait_kind for i in batch],
+            "wait_tokens": [i.outcome.wait_token for i in batch],
+            "waiting_ons": [i.outcome.waiting_on for i in batch],
         }
         delay = 0.05
         deadline = anyio.current_time() + self._retry_for_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -12,9 +13,12 @@ from typing import Any, Literal
 from uuid import UUID
 
 import anyio
+from psycopg_pool import AsyncConnectionPool
 
 from notifyq.clock import Clock
 from notifyq.context import JobContext
+from notifyq.db.pool import AsyncConn
+from notifyq.db.queries import Queries
 from notifyq.dispatch.completer import Completer
 from notifyq.dispatch.outcome import (
     Canceled,
@@ -23,10 +27,12 @@ from notifyq.dispatch.outcome import (
     Released,
     Result,
     Succeeded,
+    Suspended,
     TimedOut,
     decide,
 )
 from notifyq.dispatch.retry import RetryPolicy
+from notifyq.durable.session import DurableSession, Suspend
 from notifyq.errors import LeaseLost, UnknownJobType
 from notifyq.registry import HandlerSpec, Registry
 from notifyq.run import RunInfo
@@ -70,6 +76,11 @@ class Execution:
     def id(self) -> UUID:
         return self.run.id
 
+    @property
+    def log_extra(self) -> dict[str, str]:
+        """``extra`` for log lines about this run (JSON logs carry them as fields)."""
+        return {"run_id": str(self.run.id), "run_type": self.run.job_type}
+
     def stop(self, reason: StopReason) -> None:
         """Interrupt the handler; the first reason given wins."""
         if self.reason is None:
@@ -82,45 +93,61 @@ _DEFAULT_POLICY = RetryPolicy()
 
 class Executor:
     def __init__(self, registry: Registry, completer: Completer, clock: Clock, *,
-                 thread_limiter: anyio.CapacityLimiter) -> None:
+                 thread_limiter: anyio.CapacityLimiter, db: AsyncConnectionPool[AsyncConn],
+                 queries: Queries) -> None:
+        self._db = db
+        self._q = queries
         self._registry = registry
         self._completer = completer
         self._clock = clock
         self._threads = thread_limiter
         self._rng = random.Random()  # noqa: S311 - jitter, not security
         self.counts: dict[str, int] = {}
+        self.observer: Callable[[Execution, str, float], None] | None = None
+        """Called after each run with its outcome (a key of ``counts``) and the handler's
+        duration in seconds; ``notifyq serve`` feeds its metrics from it."""
 
     async def execute(self, execution: Execution,
                       handler_done: Callable[[], None] = lambda: None) -> None:
         """Run the handler, then write its outcome. ``handler_done`` is called in between, so
         the worker can hand the slot to the next claim while the write-back is in flight."""
         spec = self._registry.get(execution.run.job_type)
+        started = time.monotonic()
         result = await self._invoke(spec, execution)
+        elapsed = time.monotonic() - started
         handler_done()
         if result is None:
-            log.debug("run %s: lease lost while running; result dropped", execution.id)
-            self._count("lease_lost")
+            log.debug("run %s: lease lost while running; result dropped", execution.id,
+                      extra=execution.log_extra)
+            self._count("lease_lost", execution, elapsed)
             return
         policy = spec.retry if spec else _DEFAULT_POLICY
         outcome = self._decide(execution, result, policy)
         try:
             await self._completer.write(execution.id, execution.fence, outcome)
         except LeaseLost:
-            log.debug("run %s: lease taken over; write-back dropped", execution.id)
-            self._count("lease_lost")
+            log.debug("run %s: lease taken over; write-back dropped", execution.id,
+                      extra=execution.log_extra)
+            self._count("lease_lost", execution, elapsed)
             return
-        self._count(outcome.status.value if outcome.refund == 0 else "released")
+        self._count(outcome.status.value if outcome.refund == 0 else "released", execution,
+                    elapsed)
         if isinstance(result, Raised) and outcome.status.value in ("pending", "failed"):
             log.info("run %s (%s) attempt %d failed: %s -> %s", execution.id,
                      execution.run.job_type, execution.run.attempt,
-                     type(result.error).__name__, outcome.status.value)
+                     type(result.error).__name__, outcome.status.value,
+                     extra=execution.log_extra)
 
-    def _decide(self, execution: Execution, result: Result, policy: RetryPolicy) -> Outcome:
+    def _now(self, execution: Execution) -> datetime:
         now = self._clock.now()
         if self._clock.db_now() is None and execution.db_offset is not None:
             # The database decides runnability by its own clock: a retry "in 2 s" must be 2 s
             # from its now, however far this host's clock is off.
             now += execution.db_offset
+        return now
+
+    def _decide(self, execution: Execution, result: Result, policy: RetryPolicy) -> Outcome:
+        now = self._now(execution)
         try:
             return decide(execution.run, result, policy, now, self._rng)
         except TypeError as exc:  # non-JSON output
@@ -130,7 +157,11 @@ class Executor:
         if spec is None:
             return Raised(UnknownJobType(
                 f"no handler registered for job type {execution.run.job_type!r} in this worker"))
-        ctx = JobContext(execution.run, execution.input)
+        ctx = JobContext(execution.run, execution.input,
+                         durable=lambda: DurableSession(
+                             db=self._db, queries=self._q, run=execution.run,
+                             fence=execution.fence, replay_from=spec.replay_from,
+                             now=lambda: self._now(execution)))
         timeout = execution.run.timeout_s or spec.timeout_s
         with execution.scope:
             if timeout is None:
@@ -151,9 +182,13 @@ class Executor:
             case _:
                 return None
 
-    async def _result_of(self, spec: HandlerSpec, ctx: JobContext) -> Result:
+    async def _result_of(self, spec: HandlerSpec, ctx: JobContext) -> Result | None:
         try:
             return Succeeded(await self._call(spec, ctx))
+        except Suspend as wait:
+            return Suspended(wait.kind, wait.until, wait.token, wait.waiting_on)
+        except LeaseLost:
+            return None  # a durable write found the run taken over: stop, write nothing
         except Exception as exc:
             return Raised(exc)
 
@@ -163,5 +198,7 @@ class Executor:
         return await anyio.to_thread.run_sync(spec.call, ctx, abandon_on_cancel=True,
                                               limiter=self._threads)
 
-    def _count(self, key: str) -> None:
+    def _count(self, key: str, execution: Execution, elapsed: float) -> None:
         self.counts[key] = self.counts.get(key, 0) + 1
+        if self.observer is not None:
+            self.observer(execution, key, elapsed)

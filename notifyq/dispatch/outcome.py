@@ -15,7 +15,7 @@ from typing import Any
 
 from notifyq.dispatch.retry import RetryPolicy
 from notifyq.enqueue import jsonb_problem
-from notifyq.errors import Permanent, Snooze
+from notifyq.errors import ChildFailed, Permanent, Snooze, StepError, WaitTimeout
 from notifyq.run import RunInfo, RunStatus
 
 STACK_LIMIT = 8_000
@@ -47,7 +47,17 @@ class Released:
     """The worker shut down before the handler finished: the run goes back unharmed."""
 
 
-Result = Succeeded | Raised | TimedOut | Canceled | Released
+@dataclass(frozen=True, slots=True)
+class Suspended:
+    """The handler parked the run durably (sleep, children, signal); it resumes by replay."""
+
+    kind: str
+    until: datetime
+    token: str | None = None
+    waiting_on: tuple[Any, ...] = ()
+
+
+Result = Succeeded | Raised | TimedOut | Canceled | Released | Suspended
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +69,12 @@ class Outcome:
     error: str | None = None
     run_at: datetime | None = None
     refund: int = 0
-    """Attempts given back (1 for snooze and release: they do not count)."""
+    """Attempts given back (1 for snooze, release and durable waits: they do not count)."""
     snoozed: bool = False
+    wait_kind: str | None = None
+    wait_token: str | None = None
+    waiting_on: str | None = None
+    """The awaited child run ids, as a PostgreSQL array literal."""
 
     @property
     def kind(self) -> str:
@@ -82,6 +96,16 @@ def decide(
                            snoozed=True)
         case Raised(Permanent() as perm):
             return Outcome(RunStatus.FAILED, error=error_json(perm.error, run.attempt, False))
+        case Raised(WaitTimeout() as late):
+            return Outcome(RunStatus.TIMED_OUT, error=error_json(late, run.attempt, False))
+        case Raised(StepError() | ChildFailed() as fatal):
+            # Replaying cannot change these: a misused step, or a child that already failed.
+            return Outcome(RunStatus.FAILED, error=error_json(fatal, run.attempt, False))
+        case Suspended(kind, until, token, waiting_on):
+            members = ",".join(str(i) for i in waiting_on)
+            return Outcome(RunStatus.WAITING, run_at=until, refund=1, wait_kind=kind,
+                           wait_token=token, waiting_on="{" + members + "}" if waiting_on
+                           else None)
         case Raised(error) if not policy.retryable(error) or run.last_attempt:
             return Outcome(RunStatus.FAILED, error=error_json(error, run.attempt, False))
         case Raised(error):

@@ -70,6 +70,9 @@ class Producer:
         self._start = start
         self._burst = burst
         self._wake = anyio.Event()
+        self.keyed = False
+        """Also claim runs with a concurrency key (set when a handler of this pool has a
+        ConcurrencyPolicy): they are left out of the plain claim."""
         self.claimed = 0
         self.claims = 0
 
@@ -105,11 +108,16 @@ class Producer:
             await self._idle()
 
     async def _claim(self, limit: int) -> list[dict[str, Any]]:
+        params = {"now": self._clock.db_now(), "pool": self.pool_name, "limit": limit,
+                  "worker_id": self._worker_id, "lease_s": self._lease_s}
         async with self._db.connection() as conn:
-            cur = await conn.execute(self._q.job_run_claim, {
-                "now": self._clock.db_now(), "pool": self.pool_name, "limit": limit,
-                "worker_id": self._worker_id, "lease_s": self._lease_s})
-            rows = await cur.fetchall()
+            rows: list[dict[str, Any]] = []
+            if self.keyed:
+                rows = await (await conn.execute(self._q.job_run_claim_keyed, params)).fetchall()
+                params["limit"] = limit - len(rows)
+            if params["limit"]:
+                cur = await conn.execute(self._q.job_run_claim, params)
+                rows += await cur.fetchall()
         self.claims += 1
         self.claimed += len(rows)
         return rows

@@ -29,6 +29,7 @@ from notifyq.dispatch.producer import Producer, Slots
 from notifyq.maintenance.elector import Elector
 from notifyq.maintenance.purger import Purger
 from notifyq.maintenance.reaper import Reaper
+from notifyq.maintenance.resumer import Resumer
 from notifyq.maintenance.runner import every
 from notifyq.maintenance.scheduler import Scheduler
 from notifyq.notifier import Notifier
@@ -61,13 +62,16 @@ class Worker:
         self.completer = Completer(db, queries, clock, batch_max=cfg.completer_batch_max,
                                    on_written=self._on_written)
         self.executor = Executor(registry, self.completer, clock,
-                                 thread_limiter=anyio.CapacityLimiter(concurrency))
+                                 thread_limiter=anyio.CapacityLimiter(concurrency), db=db,
+                                 queries=queries)
         self.producers = {
             pool: Producer(pool, db=db, queries=queries, clock=clock, slots=self.slots,
                            worker_id=self.id, lease_s=cfg.lease_s,
                            poll_interval_s=cfg.poll_interval_s, start=self._start, burst=burst)
             for pool in pools
         }
+        for pool in registry.keyed_pools() & set(self.producers):
+            self.producers[pool].keyed = True
         self.notifier = Notifier(listen_dsn, queries) if (listen_dsn and cfg.listen) else None
         if self.notifier is not None:
             self.notifier.subscribe(self._on_notification)
@@ -76,6 +80,7 @@ class Worker:
                                ttl_s=settings.leader.ttl_s)
         self.reaper = Reaper(db, queries, clock, settings.reaper)
         self.purger = Purger(db, queries, clock, settings.purger)
+        self.resumer = Resumer(db, queries, clock, settings.resumer)
         self.scheduler = Scheduler(db, queries, clock, registry.periodic)
         self._maintenance = maintenance and not burst
         self.active: dict[UUID, Execution] = {}
@@ -124,6 +129,9 @@ class Worker:
                 fetchers.start_soon(self._run_if_leader, self.reaper.run_once,
                                     self._settings.reaper.interval_s, "reaper",
                                     self._settings.reaper.enabled)
+                fetchers.start_soon(self._run_if_leader, self.resumer.run_once,
+                                    self._settings.resumer.interval_s, "resumer",
+                                    self._settings.resumer.enabled)
                 fetchers.start_soon(self._run_if_leader, self.purger.run_once,
                                     self._settings.purger.interval_s, "purger",
                                     self._settings.purger.enabled)

@@ -37,7 +37,25 @@ def finish(conn: Conn, q: Queries, now: datetime, items: list[tuple[UUID, int, s
     return conn.execute(q.job_run_finish_many, {
         "now": now, "ids": [i[0] for i in items], "fences": [i[1] for i in items],
         "statuses": [i[2] for i in items], "outputs": [output] * n, "errors": [error] * n,
-        "run_ats": [run_at] * n, "refunds": [refund] * n}).fetchall()
+        "run_ats": [run_at] * n, "refunds": [refund] * n, **no_waits(n)}).fetchall()
+
+
+def no_waits(n: int) -> dict[str, list[None]]:
+    """The durable-wait columns of job_run_finish_many for n outcomes that do not wait."""
+    return {"wait_kinds": [None] * n, "wait_tokens": [None] * n, "waiting_ons": [None] * n}
+
+
+DEFINITION = {"version": 1, "pool": "default", "priority": 0, "max_attempts": 25,
+              "retry_policy": "{}", "timeout_s": None, "concurrency_key_template": None,
+              "concurrency_collision": None, "concurrency_limit": None,
+              "dedupe_key_template": None, "dedupe_window_s": None, "replay_from": "last_step",
+              "scope_entity_type": None, "scope_id_template": None}
+"""job_upsert's parameters for a definition without policies."""
+
+
+LIST_FILTERS = {"status": None, "job_type": None, "pool": None, "tag": None,
+                "scope_entity_type": None, "scope_entity_id": None, "tenant_id": None,
+                "trigger_source": None, "parent_run_id": None, "before_id": None}
 
 
 def get(conn: Conn, q: Queries, run_id: UUID) -> dict[str, Any]:

@@ -15,7 +15,18 @@ from psycopg.rows import dict_row
 from notifyq.db.queries import Queries
 from notifyq.enqueue import EnqueueRequest, prepare
 from tests.db.conftest import T0
-from tests.db.helpers import Conn, claim, count, enqueue, finish, get, seconds
+from tests.db.helpers import (
+    DEFINITION,
+    LIST_FILTERS,
+    Conn,
+    claim,
+    count,
+    enqueue,
+    finish,
+    get,
+    no_waits,
+    seconds,
+)
 
 # -- enqueue --------------------------------------------------------------------------------------
 
@@ -31,8 +42,8 @@ def test_job_run_enqueue_inserts_a_pending_run_with_defaults(db: Conn, q: Querie
 
 
 def test_job_run_enqueue_applies_the_stored_job_definition(db: Conn, q: Queries) -> None:
-    db.execute(q.job_upsert, {"type": "mail.send", "version": 3, "pool": "mail", "priority": 7,
-                              "max_attempts": 4, "retry_policy": "{}", "timeout_s": 2.5})
+    db.execute(q.job_upsert, {**DEFINITION, "type": "mail.send", "version": 3, "pool": "mail",
+                              "priority": 7, "max_attempts": 4, "timeout_s": 2.5})
     row = enqueue(db, q, "mail.send")
     assert (row["job_version"], row["pool"], row["priority"], row["max_attempts"],
             row["timeout_s"]) == (3, "mail", 7, 4, 2.5)
@@ -52,8 +63,8 @@ def test_job_run_enqueue_with_a_dedupe_key_returns_the_existing_run(db: Conn, q:
 
 def test_job_run_insert_many_inserts_every_row_with_definition_defaults(db: Conn,
                                                                         q: Queries) -> None:
-    db.execute(q.job_upsert, {"type": "t.def", "version": 2, "pool": "p1", "priority": 5,
-                              "max_attempts": 3, "retry_policy": "{}", "timeout_s": None})
+    db.execute(q.job_upsert, {**DEFINITION, "type": "t.def", "version": 2, "pool": "p1",
+                              "priority": 5, "max_attempts": 3})
     prepared = [prepare(EnqueueRequest(job_type=t, input={"i": i}, tags=["b"] if i else None,
                                        priority=1 if i == 2 else None))
                 for i, t in enumerate(["t.def", "t.plain", "t.def"])]
@@ -173,7 +184,8 @@ def test_job_run_finish_many_writes_each_outcome_in_one_statement(db: Conn, q: Q
         "statuses": ["completed", "failed", "pending"],
         "outputs": ['{"ok": true}', None, None],
         "errors": [None, '{"message": "x"}', '{"message": "y"}'],
-        "run_ats": [None, None, T0 + seconds(60)], "refunds": [0, 0, 1]}).fetchall()
+        "run_ats": [None, None, T0 + seconds(60)], "refunds": [0, 0, 1],
+        **no_waits(3)}).fetchall()
     assert {r["id"]: r["status"] for r in rows} == {a: "completed", b: "failed", c: "pending"}
     done, dead, later = get(db, q, a), get(db, q, b), get(db, q, c)
     assert done["output"] == {"ok": True}
@@ -359,8 +371,7 @@ def test_job_run_get_returns_nothing_for_an_unknown_id(db: Conn, q: Queries) -> 
 
 
 def _list(db: Conn, q: Queries, **filters: Any) -> list[dict[str, Any]]:
-    params = {"status": None, "job_type": None, "pool": None, "tag": None, "limit": 50,
-              "before_id": None, **filters}
+    params = {**LIST_FILTERS, "limit": 50, **filters}
     return db.execute(q.job_run_list, params).fetchall()
 
 

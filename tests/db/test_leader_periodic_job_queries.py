@@ -8,7 +8,7 @@ from uuid import uuid4
 
 from notifyq.db.queries import Queries
 from tests.db.conftest import T0
-from tests.db.helpers import Conn, count, seconds
+from tests.db.helpers import DEFINITION, Conn, count, seconds
 
 
 def _elect(db: Conn, q: Queries, leader_id: str, now: Any, ttl_s: float = 10) -> bool:
@@ -95,8 +95,7 @@ def test_periodic_tick_prune_deletes_ticks_older_than_a_day(db: Conn, q: Queries
 
 
 def _upsert(db: Conn, q: Queries, **overrides: Any) -> None:
-    params = {"type": "mail.send", "version": 1, "pool": "default", "priority": 0,
-              "max_attempts": 25, "retry_policy": '{"attempts": 25}', "timeout_s": None,
+    params = {**DEFINITION, "type": "mail.send", "retry_policy": '{"attempts": 25}',
               **overrides}
     db.execute(q.job_upsert, params)
 

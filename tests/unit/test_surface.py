@@ -14,6 +14,7 @@ from notifyq.db.files import sql_root
 from notifyq.db.queries import queries_for
 from notifyq.maintenance.scheduler import EPOCH, tick_at
 from notifyq.registry import PeriodicSpec
+from notifyq.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,6 +130,38 @@ def test_registering_a_type_twice_is_refused_in_production() -> None:
     app.handler("a.b")(fn)
     with pytest.raises(ConfigError, match="registered twice"):
         app.handler("a.b")(fn)
+
+
+def test_registering_a_type_twice_warns_and_overwrites_in_development(
+        caplog: pytest.LogCaptureFixture) -> None:
+    app = App(dsn="postgresql://x@127.0.0.1/x", settings=Settings(env="development"))
+
+    async def first(ctx: JobContext) -> None: ...
+    async def second(ctx: JobContext) -> None: ...
+
+    app.handler("a.b")(first)
+    with caplog.at_level("WARNING", logger="notifyq"):
+        app.handler("a.b")(second)
+    spec = app.registry.get("a.b")
+    assert spec is not None
+    assert spec.call is second
+    assert "registered twice" in caplog.text
+
+
+def test_registering_a_type_twice_silently_overwrites_in_tests(
+        caplog: pytest.LogCaptureFixture) -> None:
+    app = App(dsn="postgresql://x@127.0.0.1/x", settings=Settings(env="test"))
+
+    async def first(ctx: JobContext) -> None: ...
+    async def second(ctx: JobContext) -> None: ...
+
+    app.handler("a.b")(first)
+    with caplog.at_level("DEBUG", logger="notifyq"):
+        app.handler("a.b")(second)
+    spec = app.registry.get("a.b")
+    assert spec is not None
+    assert spec.call is second
+    assert caplog.text == ""
 
 
 def test_class_handlers_are_instantiated_and_called_through_handle() -> None:

@@ -1,0 +1,163 @@
+"""The ASGI application of ``notifyq serve`` (FastAPI, served by hypercorn).
+
+Example::
+
+    api = create_api(app, ServiceState())
+    await hypercorn.asyncio.serve(api, config, shutdown_trigger=stop.wait)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import psycopg
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from notifyq.api import problems, schemas
+from notifyq.api.auth import Authenticator
+from notifyq.api.metrics import CONTENT_TYPE, Metrics
+from notifyq.api.routes import build_router
+from notifyq.app import App
+from notifyq.db import migrate as migrations
+from notifyq.dispatch.worker import Worker
+
+log = logging.getLogger("notifyq.api")
+
+READY_TIMEOUT_S = 2.0
+
+
+@dataclass
+class ServiceState:
+    """What the probes and metrics read about the rest of the process."""
+
+    worker: Worker | None = None
+    """The in-process worker, once started (None with ``--no-worker``)."""
+    metrics: Metrics = field(default_factory=Metrics)
+
+
+class BodyLimit:
+    """Refuse request bodies over ``max_bytes`` with 413 before anything parses them: a
+    declared Content-Length is checked at once, a chunked body while it streams in (buffered
+    up to the limit, then handed on)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                await self._refuse(scope, receive, send, 400, "invalid Content-Length")
+                return
+            if size > self.max_bytes:
+                await self._refuse(scope, receive, send, 413, self._too_large(size))
+                return
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            total += len(chunks[-1])
+            if total > self.max_bytes:
+                await self._refuse(scope, receive, send, 413, self._too_large(total))
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _too_large(self, size: int) -> str:
+        return f"the request body is {size} bytes or more; the limit is {self.max_bytes} bytes"
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int,
+                      detail: str) -> None:
+        response = problems.problem(status, detail, field="body",
+                                    headers={"Connection": "close"})
+        await response(scope, receive, send)
+
+
+def create_api(app: App, state: ServiceState) -> FastAPI:
+    """The admin API for ``app``: ``/v1`` (OpenAPI at ``/v1/openapi.json``), ``/healthz``,
+    ``/readyz`` and ``/metrics``."""
+    auth = Authenticator(app.settings.api)
+    api = FastAPI(title="notifyq admin API", version="1", openapi_url="/v1/openapi.json",
+                  docs_url="/v1/docs", redoc_url=None,
+                  # JSON bodies whatever the Content-Type says (`curl -d` sends form-encoded).
+                  strict_content_type=False)
+    problems.install(api)
+    api.include_router(build_router(app, auth, state.metrics.enqueued))
+    _add_probes(api, app, state)
+    api.add_middleware(BodyLimit, max_bytes=app.settings.api.max_body_bytes)
+    return api
+
+
+def _add_probes(api: FastAPI, app: App, state: ServiceState) -> None:
+    @api.get("/healthz", response_model=schemas.Health, tags=["probes"],
+             summary="The process is alive")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "checks": {}}
+
+    @api.get("/readyz", response_model=schemas.Health, tags=["probes"],
+             responses={503: {"model": schemas.Health}},
+             summary="Database reachable, schema current, listener connected (or poll-only)")
+    async def readyz() -> JSONResponse:
+        checks = await readiness(app, state)
+        ok = all(v == "ok" or v.startswith("ok ") for v in checks.values())
+        return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks},
+                            status_code=200 if ok else 503)
+
+    @api.get("/metrics", tags=["probes"], response_class=Response,
+             responses={200: {"content": {CONTENT_TYPE: {}}}},
+             summary="Prometheus metrics")
+    async def metrics() -> Response:
+        stats = None
+        try:
+            with anyio.fail_after(READY_TIMEOUT_S):
+                stats = await app.stats()
+        except (psycopg.Error, TimeoutError) as exc:
+            log.warning("metrics: database unreachable (%s)", type(exc).__name__)
+        return Response(state.metrics.render(stats, state.worker), media_type=CONTENT_TYPE)
+
+
+async def readiness(app: App, state: ServiceState) -> dict[str, str]:
+    checks: dict[str, str] = {}
+    try:
+        with anyio.fail_after(READY_TIMEOUT_S):
+            db = await app.pool()
+            async with db.connection() as conn:
+                checks["database"] = "ok"
+                current = await migrations.state(conn, app.settings.schema_name)
+        checks["schema"] = "ok" if current.current else (
+            "behind: run `notifyq migrate`" if current.pending else "ahead: upgrade notifyq")
+    except (psycopg.Error, TimeoutError, OSError) as exc:
+        checks.setdefault("database", f"unreachable ({type(exc).__name__})")
+    worker = state.worker
+    if worker is None:
+        checks["listener"] = "ok (no worker in this process)"
+    elif worker.notifier is None:
+        checks["listener"] = "ok (poll-only)"
+    else:
+        checks["listener"] = "ok" if worker.notifier.connected else "disconnected"
+    return checks

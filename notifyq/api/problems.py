@@ -1,0 +1,114 @@
+"""Errors as RFC 9457 problem details (``application/problem+json``), naming the field at
+fault. Every refusal is a 4xx with one of these bodies; nothing a client sends becomes a 500."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+
+from notifyq.errors import (
+    InvalidEnqueue,
+    InvalidTransition,
+    PayloadTooLarge,
+    RotationInProgress,
+    RunNotFound,
+    SchemaError,
+)
+
+MEDIA_TYPE = "application/problem+json"
+
+TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+          405: "Method Not Allowed", 409: "Conflict", 413: "Content Too Large",
+          415: "Unsupported Media Type", 422: "Unprocessable Content",
+          503: "Service Unavailable"}
+
+
+class ProblemResponse(JSONResponse):
+    media_type = MEDIA_TYPE
+
+
+def problem(status: int, detail: str, *, field: str | None = None,
+            errors: list[dict[str, str]] | None = None,
+            headers: dict[str, str] | None = None) -> ProblemResponse:
+    body: dict[str, Any] = {"type": "about:blank", "title": TITLES.get(status, "Error"),
+                            "status": status, "detail": detail}
+    if field is not None:
+        body["field"] = field
+    if errors:
+        body["errors"] = errors
+    return ProblemResponse(body, status_code=status, headers=headers)
+
+
+def _field(loc: tuple[int | str, ...] | list[int | str]) -> str:
+    # Union members appear in the location as tags ("dict[str,any]", "function-after[...]"):
+    # the field is the path without them.
+    parts = [str(p) for p in loc if isinstance(p, int) or p.isidentifier()]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:] or parts
+    return ".".join(parts) or "body"
+
+
+async def _validation(_: Request, exc: Exception) -> ProblemResponse:
+    assert isinstance(exc, RequestValidationError)  # noqa: S101 - registered for this type
+    errors: list[dict[str, str]] = []
+    for error in exc.errors():
+        item = {"field": _field(error.get("loc", ())), "message": str(error.get("msg", ""))}
+        if item not in errors:
+            errors.append(item)
+    invalid = [e for e in exc.errors() if e.get("type") == "json_invalid"]
+    if invalid:
+        where = invalid[0].get("loc", ("body", "?"))[-1]
+        reason = invalid[0].get("ctx", {}).get("error", "JSON decode error")
+        return problem(400, f"the request body is not valid JSON ({reason} at character "
+                       f"{where})", field="body")
+    first = errors[0] if errors else {"field": "body", "message": "invalid request"}
+    return problem(422, f"{first['field']}: {first['message']}", field=first["field"],
+                   errors=errors)
+
+
+async def _http(_: Request, exc: Exception) -> ProblemResponse:
+    assert isinstance(exc, HTTPException)  # noqa: S101 - registered for this type
+    return problem(exc.status_code, str(exc.detail),
+                   headers=dict(exc.headers) if exc.headers else None)
+
+
+async def _not_found(_: Request, exc: Exception) -> ProblemResponse:
+    return problem(404, str(exc), field="id")
+
+
+async def _transition(_: Request, exc: Exception) -> ProblemResponse:
+    return problem(409, str(exc), field="id")
+
+
+async def _schema(_: Request, exc: Exception) -> ProblemResponse:
+    return problem(503, str(exc))
+
+
+async def _invalid(_: Request, exc: Exception) -> ProblemResponse:
+    if isinstance(exc, PayloadTooLarge):
+        return problem(413, str(exc), field="input")
+    return problem(422, str(exc), field=_enqueue_field(str(exc)))
+
+
+def _enqueue_field(message: str) -> str:
+    """InvalidEnqueue messages name their field in words; pick it out for the problem body."""
+    text = message.split(": ", 1)[-1] if message.startswith("item ") else message
+    for name in ("job type", "input", "pool", "priority", "max_attempts", "run_at", "tags",
+                 "dedupe_key"):
+        if name in text:
+            return "job_type" if name == "job type" else name
+    return "body"
+
+
+def install(api: FastAPI) -> None:
+    api.add_exception_handler(RequestValidationError, _validation)
+    api.add_exception_handler(HTTPException, _http)
+    api.add_exception_handler(RunNotFound, _not_found)
+    api.add_exception_handler(InvalidTransition, _transition)
+    api.add_exception_handler(RotationInProgress, _transition)
+    api.add_exception_handler(SchemaError, _schema)
+    api.add_exception_handler(InvalidEnqueue, _invalid)

@@ -1,0 +1,1 @@
+"""notifyq's built-in job types."""

@@ -1,0 +1,127 @@
+"""``notifyq serve``: the worker (with maintenance and the listener) and the admin API in one
+process and one anyio task group.
+
+SIGTERM/SIGINT: hypercorn stops accepting connections and finishes the requests in flight, the
+worker stops claiming, gives running handlers ``shutdown_grace_s`` and releases the rest; then
+the embedded PostgreSQL (if this process started or reattached to it) is stopped, and the
+process exits 0.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+from dataclasses import dataclass
+
+import anyio
+from anyio.abc import TaskStatus
+
+from notifyq.app import App
+from notifyq.dispatch.worker import Worker
+from notifyq.errors import ConfigError
+
+log = logging.getLogger("notifyq.serve")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str | None = None
+    port: int | None = None
+    worker: bool = True
+    api: bool = True
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(app: App, host: str) -> None:
+    """Refuse to expose an API nobody has to authenticate to."""
+    from notifyq.api.auth import Authenticator
+
+    if not is_loopback(host) and not Authenticator(app.settings.api).configured:
+        raise ConfigError(
+            f"refusing to serve the admin API on non-loopback address {host!r} without a token: "
+            "set NOTIFYQ_ADMIN_TOKEN (and/or NOTIFYQ_READ_TOKEN), or bind 127.0.0.1")
+
+
+async def serve(app: App, options: ServeOptions) -> int:
+    """Run until SIGTERM/SIGINT; return the exit code."""
+    if not (options.worker or options.api):
+        raise ConfigError("--no-worker and --no-api together leave nothing to run")
+    cfg = app.settings.api
+    host = options.host or cfg.host
+    port = cfg.port if options.port is None else options.port
+    if options.api:
+        check_bind(app, host)
+    from notifyq.api.app import ServiceState
+
+    state = ServiceState()
+    stop = anyio.Event()
+    async with app, anyio.create_task_group() as tg:
+        tg.start_soon(_stop_on_signal, stop)
+        async with anyio.create_task_group() as main:
+            if options.worker:
+                worker: Worker = await main.start(_run_worker, app, stop)
+                worker.executor.observer = lambda e, outcome, s: state.metrics.observe(
+                    e, outcome, s, now=app.clock.now())
+                state.worker = worker
+            if options.api:
+                main.start_soon(_serve_api, app, state, host, port, stop)
+            else:
+                await stop.wait()
+        tg.cancel_scope.cancel()
+    log.info("stopped")
+    return 0
+
+
+async def _run_worker(app: App, stop: anyio.Event,
+                      *, task_status: TaskStatus[Worker] = anyio.TASK_STATUS_IGNORED) -> None:
+    async with anyio.create_task_group() as tg:
+        with anyio.CancelScope() as scope:
+            tg.start_soon(_cancel_when, stop, scope)
+            await app.run_worker(task_status=task_status)
+        tg.cancel_scope.cancel()
+    stop.set()  # a worker that ends (it failed, or was stopped) takes the API down with it
+
+
+async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+async def _serve_api(app: App, state: object, host: str, port: int, stop: anyio.Event) -> None:
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config
+
+    from notifyq.api.app import ServiceState, create_api
+
+    assert isinstance(state, ServiceState)  # noqa: S101
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("notifyq.api.server")
+    config.graceful_timeout = app.settings.worker.shutdown_grace_s
+    config.include_server_header = False
+    log.info("admin API on http://%s:%d (OpenAPI at /v1/openapi.json)", host, port)
+    await hypercorn_serve(create_api(app, state), config,  # type: ignore[arg-type]
+                          shutdown_trigger=stop.wait)
+    stop.set()
+
+
+async def _stop_on_signal(stop: anyio.Event) -> None:
+    """The first SIGTERM/SIGINT starts the graceful shutdown; later ones are only logged."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if stop.is_set():
+                log.warning("received %s again: still shutting down (releasing runs)", name)
+                continue
+            log.info("received %s: shutting down", name)
+            stop.set()

