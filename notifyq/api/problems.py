@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 from notifyq.errors import (
+    ConcurrencyRejected,
     InvalidEnqueue,
     InvalidTransition,
     PayloadTooLarge,
@@ -84,6 +85,10 @@ async def _transition(_: Request, exc: Exception) -> ProblemResponse:
     return problem(409, str(exc), field="id")
 
 
+async def _busy(_: Request, exc: Exception) -> ProblemResponse:
+    return problem(409, str(exc), field="concurrency_key")
+
+
 async def _schema(_: Request, exc: Exception) -> ProblemResponse:
     return problem(503, str(exc))
 
@@ -98,7 +103,7 @@ def _enqueue_field(message: str) -> str:
     """InvalidEnqueue messages name their field in words; pick it out for the problem body."""
     text = message.split(": ", 1)[-1] if message.startswith("item ") else message
     for name in ("job type", "input", "pool", "priority", "max_attempts", "run_at", "tags",
-                 "dedupe_key"):
+                 "dedupe_key", "tenant_id", "concurrency", "dedupe", "scope"):
         if name in text:
             return "job_type" if name == "job type" else name
     return "body"
@@ -111,4 +116,5 @@ def install(api: FastAPI) -> None:
     api.add_exception_handler(InvalidTransition, _transition)
     api.add_exception_handler(RotationInProgress, _transition)
     api.add_exception_handler(SchemaError, _schema)
+    api.add_exception_handler(ConcurrencyRejected, _busy)
     api.add_exception_handler(InvalidEnqueue, _invalid)

@@ -47,14 +47,14 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
     @router.post("/jobs", dependencies=admin, status_code=201, response_model=schemas.RunOut,
                  responses={200: {"model": schemas.RunOut,
                                   "description": "a run with this dedupe_key exists"},
-                            **_problems(400, 413, 422, *AUTH)},
+                            **_problems(400, 409, 413, 422, *AUTH)},
                  summary="Enqueue a run")
     async def enqueue(body: schemas.EnqueueIn) -> JSONResponse:
         since_ms = time.time_ns() // 1_000_000
         run = await app.enqueue(body.job_type, body.input, run_at=body.run_at,
                                 priority=body.priority, pool=body.pool,
                                 max_attempts=body.max_attempts, dedupe_key=body.dedupe_key,
-                                tags=body.tags)
+                                tags=body.tags, tenant_id=body.tenant_id)
         new = created_now(run, since_ms)
         if new:
             metrics_enqueued.labels(run.job_type).inc()
@@ -90,12 +90,20 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
         pool: Annotated[str | None, Query(pattern=POOL.pattern)] = None,
         tag: Annotated[str | None, Query(min_length=1, max_length=128,
                                          pattern=r"^[^\x00]+$")] = None,
+        scope: Annotated[str | None, Query(min_length=1, max_length=512,
+                                           pattern=r"^[^\x00]+$")] = None,
+        scope_id: Annotated[str | None, Query(min_length=1, max_length=512,
+                                              pattern=r"^[^\x00]+$")] = None,
+        tenant: Annotated[str | None, Query(min_length=1, max_length=512,
+                                            pattern=r"^[^\x00]+$")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         cursor: Annotated[UUID | None, Query(description="next_cursor of the previous page")
                           ] = None,
     ) -> dict[str, Any]:
         runs = await app.list_runs(status=status.value if status else None, job_type=type,
-                                   pool=pool, tag=tag, limit=limit, before=cursor)
+                                   pool=pool, tag=tag, scope_entity_type=scope,
+                                   scope_entity_id=scope_id, tenant_id=tenant, limit=limit,
+                                   before=cursor)
         return {"items": [_run(r) for r in runs],
                 "next_cursor": str(runs[-1].id) if len(runs) == limit else None}
 

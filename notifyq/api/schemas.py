@@ -44,6 +44,7 @@ class EnqueueIn(_In):
         None, description="an existing run with this key is returned instead (200)")
     tags: Annotated[list[Annotated[Text, Field(min_length=1, max_length=MAX_TAG_LEN)]],
                     Field(max_length=MAX_TAGS)] | None = None
+    tenant_id: Annotated[Text, Field(min_length=1, max_length=512)] | None = None
 
 
 class BatchIn(_In):

@@ -6,7 +6,7 @@ from typing import Any
 
 import anyio
 
-from notifyq import App, JobContext, Permanent, RetryPolicy
+from notifyq import App, ConcurrencyPolicy, JobContext, Permanent, RetryPolicy, Scope
 
 app = App()
 
@@ -27,3 +27,9 @@ async def slow(ctx: JobContext) -> dict[str, float]:
 async def fail(ctx: JobContext) -> None:
     ctx.log.warning("refusing this one")
     raise Permanent(ValueError("no"))
+
+
+@app.handler("svc.exclusive", concurrency=ConcurrencyPolicy(key="acct:{acct}", collision="reject"),
+             scope=Scope(entity="account", id_from="{acct}"))
+async def exclusive(ctx: JobContext) -> None:
+    await anyio.sleep(float(ctx.input.get("seconds", 0)))

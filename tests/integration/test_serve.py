@@ -123,6 +123,24 @@ def test_every_jobs_endpoint_works_over_http(served: Served, sql: Conn) -> None:
         assert ready.json()["checks"] == {"database": "ok", "schema": "ok", "listener": "ok"}
 
 
+def test_a_busy_reject_concurrency_key_is_409_and_runs_filter_by_scope_and_tenant(
+        served: Served) -> None:
+    with served.client() as http:
+        first = http.post("/v1/jobs", json={"job_type": "svc.exclusive", "tenant_id": "acme",
+                                            "input": {"acct": "7", "seconds": 30}})
+        assert first.status_code == 201, first.text
+        busy = http.post("/v1/jobs", json={"job_type": "svc.exclusive",
+                                           "input": {"acct": "7"}})
+        _problem(busy, 409, "concurrency_key")
+        assert "busy" in busy.json()["detail"]
+        listed = http.get("/v1/jobs", params={"scope": "account", "scope_id": "7",
+                                              "tenant": "acme"})
+        assert listed.status_code == 200, listed.text
+        assert [r["id"] for r in listed.json()["items"]] == [first.json()["id"]]
+        assert http.get("/v1/jobs", params={"tenant": "other"}).json()["items"] == []
+        http.post(f"/v1/jobs/{first.json()['id']}/cancel")
+
+
 def test_a_request_without_a_valid_token_gets_401_and_a_read_token_cannot_write(
         served: Served) -> None:
     with served.client(None) as anonymous, served.client("wrong-token-0123456789") as wrong, \
