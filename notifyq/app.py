@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
@@ -308,32 +309,15 @@ class App:
 
     async def _enqueue_on(self, conn: psycopg.AsyncConnection[Any], prepared: Prepared, *,
                           notify: bool) -> Run:
-        try:
+        with _enqueue_errors():
             async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(self.queries.job_run_enqueue, prepared.params(notify=notify))
-                row = await cur.fetchone()
-        except _VALIDATION_ERRORS as exc:  # the SQL function's own validation
-            translated = translate_db_error(exc)
-            if translated is exc:
-                raise
-            raise translated from None
-        if row is None:  # pragma: no cover - _enqueue always returns a row
-            raise RuntimeError("enqueue returned no row")
-        return Run.from_row(row)
+                return _enqueued(await cur.fetchone())
 
     def _enqueue_on_sync(self, conn: psycopg.Connection[Any], prepared: Prepared) -> Run:
-        try:
-            with conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(self.queries.job_run_enqueue, prepared.params(notify=True))
-                row = cur.fetchone()
-        except _VALIDATION_ERRORS as exc:
-            translated = translate_db_error(exc)
-            if translated is exc:
-                raise
-            raise translated from None
-        if row is None:  # pragma: no cover - _enqueue always returns a row
-            raise RuntimeError("enqueue returned no row")
-        return Run.from_row(row)
+        with _enqueue_errors(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(self.queries.job_run_enqueue, prepared.params(notify=True))
+            return _enqueued(cur.fetchone())
 
     async def _insert_many(self, conn: psycopg.AsyncConnection[Any],
                            prepared: list[Prepared]) -> list[Run]:
@@ -449,6 +433,24 @@ class App:
                  ",".join(s.job_type for s in self.registry.specs()) or "-")
         task_status.started(worker)
         await worker.run()
+
+
+@contextmanager
+def _enqueue_errors() -> Iterator[None]:
+    """The SQL function's own refusals become the Python errors; other errors pass through."""
+    try:
+        yield
+    except _VALIDATION_ERRORS as exc:
+        translated = translate_db_error(exc)
+        if translated is exc:
+            raise
+        raise translated from None
+
+
+def _enqueued(row: dict[str, Any] | None) -> Run:
+    if row is None:  # pragma: no cover - _enqueue always returns a row
+        raise RuntimeError("enqueue returned no row")
+    return Run.from_row(row)
 
 
 def _policy_fields(spec: HandlerSpec, request: EnqueueRequest) -> dict[str, Any]:
