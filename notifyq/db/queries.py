@@ -41,6 +41,14 @@ def _strip_comments(body: str) -> str:
     return "\n".join(lines).strip()
 
 
+def _compose(name: str, body: str, schema: sql.Identifier) -> str:
+    try:
+        return sql.SQL(body).format(schema=schema).as_string(None)
+    except (IndexError, KeyError, ValueError) as exc:
+        raise RuntimeError(f"query {name}: cannot fill in {{schema}} ({exc!r}); write a literal "
+                           "brace as {{ or }} (e.g. '{{}}' for an empty array)") from None
+
+
 class Queries:
     """The registry for one schema: ``queries.job_run_claim`` is ready to execute."""
 
@@ -49,8 +57,7 @@ class Queries:
         ident = sql.Identifier(schema)
         # mypy reads LiteralString as str; the bodies come only from the packaged SQL files.
         self._sql: dict[str, str] = {
-            name: sql.SQL(body).format(schema=ident).as_string(None)
-            for name, body in _raw_queries().items()
+            name: _compose(name, body, ident) for name, body in _raw_queries().items()
         }
 
     def __getattr__(self, name: str) -> str:

@@ -1,7 +1,7 @@
 """The resumer (leader-only): waiting runs whose wait is over go back in line — a durable sleep
 that has elapsed, a wait deadline that has passed (the replay then ends the run ``timed_out``),
 or a signal that arrived while its run was still deciding to wait. Children wake their parent
-themselves (see the ``_after_run_update`` trigger); this runner is not on that path.
+themselves (see the ``job_run_finished`` trigger); this runner is not on that path.
 """
 
 from __future__ import annotations
