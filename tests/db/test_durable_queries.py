@@ -134,10 +134,14 @@ def test_a_parent_deciding_to_wait_after_its_children_finished_does_not_wait(
                "WHERE id = %s", (kid["id"],))
     db.execute(q.job_run_finish_many, {
         "now": None, "ids": [parent["id"]], "fences": [parent["fence"]], "statuses": ["waiting"],
-        "outputs": [None], "errors": [None], "run_ats": [T0], "refunds": [1],
-        "wait_kinds": ["children"], "wait_tokens": [None],
+        "outputs": [None], "errors": [None], "run_ats": [T0 + timedelta(days=365 * 900)],
+        "refunds": [1], "wait_kinds": ["children"], "wait_tokens": [None],
         "waiting_ons": ["{" + str(kid["id"]) + "}"]})
-    assert get(db, q, parent["id"])["status"] == "pending"
+    row = get(db, q, parent["id"])
+    assert row["status"] == "pending"
+    now = db.execute("SELECT now() AS now").fetchone()
+    assert now is not None
+    assert row["run_at"] <= now["now"]  # runnable now, not at the wait's far-future run_at
 
 
 @pytest.mark.parametrize(("policy", "expected"), [("terminate", "canceled"),

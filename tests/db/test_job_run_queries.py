@@ -69,7 +69,8 @@ def test_job_run_insert_many_inserts_every_row_with_definition_defaults(db: Conn
                                        priority=1 if i == 2 else None))
                 for i, t in enumerate(["t.def", "t.plain", "t.def"])]
     rows = db.execute(q.job_run_insert_many, {
-        "rows": "[" + ",".join(p.record() for p in prepared) + "]"}).fetchall()
+        "rows": "[" + ",".join(p.record() for p in prepared) + "]", "notify": False,
+        "channel": "notifyq"}).fetchall()
     by_id = {r["id"]: r for r in rows}
     assert set(by_id) == {p.id for p in prepared}
     first, plain, third = (by_id[p.id] for p in prepared)
@@ -151,7 +152,8 @@ def test_job_run_claim_skips_rows_locked_by_a_concurrent_claim(db: Conn, db2: Co
 
 def test_concurrent_claims_never_return_the_same_run(dsn: str, db: Conn, q: Queries) -> None:
     prepared = [prepare(EnqueueRequest(job_type="t.a", input={"i": i})) for i in range(300)]
-    db.execute(q.job_run_insert_many, {"rows": "[" + ",".join(p.record() for p in prepared) + "]"})
+    db.execute(q.job_run_insert_many, {"rows": "[" + ",".join(p.record() for p in prepared) + "]",
+                                       "notify": False, "channel": "notifyq"})
     claimed: list[list[Any]] = [[] for _ in range(4)]
     barrier = threading.Barrier(4)
 
@@ -524,3 +526,16 @@ def test_error_json_from_python_round_trips_through_jsonb(db: Conn, q: Queries) 
     finish(db, q, T0, [(run["id"], c["fence"], "failed")],
            error=error_json(ValueError("bad\x00byte"), 1, False))
     assert json.dumps(get(db, q, run["id"])["error"]["message"]) == '"bad\\ufffdbyte"'
+
+
+def test_job_run_insert_many_leaves_out_an_input_too_large_as_jsonb_prints_it(
+        db: Conn, q: Queries) -> None:
+    big = prepare(EnqueueRequest(job_type="t.a", input={"n": [1e300] * 250}))
+    small = prepare(EnqueueRequest(job_type="t.a", input={"n": 1}))
+    rows = db.execute(q.job_run_insert_many, {
+        "rows": f"[{big.record()},{small.record()}]", "notify": False,
+        "channel": "notifyq"}).fetchall()
+    assert [r["id"] for r in rows] == [small.id]
+    size = db.execute(q.job_run_input_size, {"input": big.input_json}).fetchone()
+    assert size is not None
+    assert size["size"] > 65_536
