@@ -99,6 +99,8 @@ def _parser() -> argparse.ArgumentParser:
 
     from notifyq.crypto.commands import add_keys_parser
     add_keys_parser(sub)
+    from notifyq.webhooks.commands import add_webhooks_parser
+    add_webhooks_parser(sub)
     from notifyq.bench import add_arguments as add_bench_arguments
     bench = sub.add_parser("bench", help="measure enqueue, drain and wake latency on this machine")
     add_bench_arguments(bench)

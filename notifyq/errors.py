@@ -17,7 +17,9 @@ The tree, rooted at :class:`NotifyqError`::
     ├── DecryptionFailed       a ciphertext does not decrypt (corrupted, or another row's)
     │   ├── UnknownKeyVersion  its key version is not configured here
     │   └── RetiredKeyVersion  its key version was retired
-    └── RotationInProgress     a key rotation to another version is still pending or running
+    ├── RotationInProgress     a key rotation to another version is still pending or running
+    ├── InvalidEndpoint        a webhook endpoint (URL, headers, event types, secret) is refused
+    └── WebhookNotFound        no webhook endpoint or message with that id
 
 Handlers raise :class:`Permanent` (dead-letter at once) or :class:`Snooze` (run later, attempt
 not counted); those are signals, not errors of notifyq.
@@ -150,3 +152,12 @@ class Snooze(Exception):
             raise ValueError(f"snooze seconds must not be negative, got {seconds}")
         self.seconds = seconds
         super().__init__(f"snoozed for {seconds} s")
+
+
+class InvalidEndpoint(NotifyqError, ValueError):
+    """A webhook endpoint was refused before anything was written; the message names the field
+    (url, headers, event_types, secret) and why."""
+
+
+class WebhookNotFound(NotifyqError, LookupError):
+    """No webhook endpoint or message has that id."""

@@ -19,10 +19,12 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -165,6 +167,72 @@ class EmbeddedSettings(_Section):
     directory (e.g. ~/.local/share/notifyq/pg)."""
 
 
+def _comma_separated(value: Any) -> Any:
+    """``"127.0.0.0/8,::1/128"`` (the environment's form) -> a list; lists pass through."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class WebhookSettings(_Section):
+    """Webhook delivery (``webhook.deliver``): timeouts, retries, the SSRF guard."""
+
+    allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """CIDRs the SSRF guard lets through although they are not public (e.g.
+    ``NOTIFYQ_WEBHOOKS__ALLOWED_NETWORKS=127.0.0.0/8,::1/128``). Defaults to none."""
+    https_only: bool = False
+    """Refuse ``http://`` endpoint URLs. Defaults to False."""
+    connect_timeout_s: Seconds = 5.0
+    """Defaults to 5.0."""
+    timeout_s: Seconds = 15.0
+    """The whole attempt (connect, send, response and its body), enforced by notifyq: a server
+    that drips bytes cannot hold a worker longer. Defaults to 15.0."""
+    response_max_bytes: Annotated[int, Field(ge=0, le=1_048_576)] = 20_000
+    """Response body bytes read (raw) and stored. Defaults to 20000."""
+    retry_schedule_s: Annotated[list[Annotated[float, Field(ge=0)]],
+                                Field(min_length=1, max_length=100)] = Field(
+        default_factory=lambda: [0.0, 5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0])
+    """The delay before each scheduled attempt (the first is the send itself). Defaults to
+    immediately, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h."""
+    jitter: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    """Each delay is spread by this fraction either way. Defaults to 0.2."""
+    retry_after_max_s: Seconds = 86_400.0
+    """A ``Retry-After`` is honoured up to this long. Defaults to 1 day."""
+    throttled_min_s: Annotated[float, Field(ge=0)] = 60.0
+    """After a 429 or a timeout, wait at least this long. Defaults to 60.0."""
+    permanent_statuses: list[Annotated[int, Field(ge=400, le=499)]] = Field(
+        default_factory=list)
+    """4xx statuses that end the delivery at once instead of retrying (410 always does, and
+    disables the endpoint). Defaults to none."""
+    disable_after_s: Seconds = 5 * 86_400.0
+    """An endpoint failing continuously this long (no success) is disabled. Defaults to 5
+    days."""
+    secret_grace_s: Annotated[float, Field(ge=0)] = 86_400.0
+    """After a secret rotation the old secret still signs this long. Defaults to 1 day."""
+    max_connections: Annotated[int, Field(ge=1, le=10_000)] = 100
+    """Pooled connections across destinations (kept alive per destination). Defaults to 100."""
+
+    @field_validator("allowed_networks", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return _comma_separated(value)
+
+    @model_validator(mode="after")
+    def _check(self) -> WebhookSettings:
+        import ipaddress
+
+        for cidr in self.allowed_networks:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ValueError(f"allowed_networks: {cidr!r} is not a CIDR "
+                                 "(e.g. 10.0.0.0/8 or ::1/128)") from None
+        if self.connect_timeout_s > self.timeout_s:
+            raise ValueError(f"connect_timeout_s ({self.connect_timeout_s}) cannot be more "
+                             f"than timeout_s ({self.timeout_s})")
+        return self
+
+
 class EncryptedColumnSettings(_Section):
     """One encrypted column of yours (config file: ``encrypted_columns``), rotated by
     ``secret.reencrypt`` and counted by ``notifyq keys status``."""
@@ -212,6 +280,7 @@ class Settings(BaseSettings):
     leader: LeaderSettings = Field(default_factory=LeaderSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     embedded: EmbeddedSettings = Field(default_factory=EmbeddedSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     keys: SecretStr | None = None
     """Master keys, ``VERSION:BASE64`` of 32 bytes each, comma-separated (every version but the
     active one is decrypt-only). Defaults to none (no keyring)."""

@@ -55,6 +55,10 @@ class Metrics:
                             "runnable run has waited", ["pool"], registry=r)
         self.runs = Gauge("notifyq_runs", "Runs in the table by type, pool and status",
                           ["job_type", "pool", "status"], registry=r)
+        self.webhook_attempts = Counter(
+            "notifyq_webhook_attempts", "Webhook attempts made by this process, by outcome "
+            "(2xx, 3xx, 4xx, 5xx, or the error kind: timeout, connect, dns, tls, blocked)",
+            ["outcome"], registry=r)
         self.listener = Gauge("notifyq_listener_connected", "1 when the LISTEN connection is "
                               "up (absent without a worker or in poll-only mode)", registry=r)
 
@@ -78,6 +82,10 @@ class Metrics:
             waited = (started_db - execution.run.run_at).total_seconds() - handler_s
             if waited >= 0:
                 self.pickup.observe(waited)
+
+    def webhook_attempt(self, outcome: str) -> None:
+        """The webhook deliverer's observer: one call per attempt."""
+        self.webhook_attempts.labels(outcome).inc()
 
     def render(self, stats: Stats | None, worker: Worker | None) -> bytes:
         """The exposition text; ``stats`` (None: the database was unreachable) refreshes the

@@ -126,6 +126,8 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
 
     _add_signals(router, app, admin)
     _add_keys(router, app, read, admin)
+    from notifyq.api.webhooks import add_webhook_routes
+    add_webhook_routes(router, app, read, admin)
     return router
 
 

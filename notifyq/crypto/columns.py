@@ -63,27 +63,32 @@ class EncryptedColumns:
 
     def __init__(self) -> None:
         self._columns: dict[str, EncryptedColumn] = {}
+        self._builtin: dict[str, EncryptedColumn] = {}
 
-    def register(self, table: str, *, pk: str = "id", column: str) -> EncryptedColumn:
+    def register(self, table: str, *, pk: str = "id", column: str,
+                 builtin: bool = False) -> EncryptedColumn:
+        """``builtin``: one of notifyq's own columns (webhook secrets), listed after the
+        user's."""
         entry = EncryptedColumn(table, pk, column)
-        existing = self._columns.get(entry.name)
+        existing = self._columns.get(entry.name) or self._builtin.get(entry.name)
         if existing is not None and existing != entry:
             raise ConfigError(f"encrypted column {entry.name} registered twice with different "
                               f"primary keys ({existing.pk!r}, {pk!r})")
-        self._columns[entry.name] = entry
+        if entry.name not in self._builtin:
+            (self._builtin if builtin else self._columns)[entry.name] = entry
         return entry
 
     def get(self, name: str) -> EncryptedColumn:
-        try:
-            return self._columns[name]
-        except KeyError:
-            raise ConfigError(f"no encrypted column {name!r} is registered") from None
+        found = self._columns.get(name) or self._builtin.get(name)
+        if found is None:
+            raise ConfigError(f"no encrypted column {name!r} is registered")
+        return found
 
     def __iter__(self) -> Iterator[EncryptedColumn]:
-        return iter(list(self._columns.values()))
+        return iter([*self._columns.values(), *self._builtin.values()])
 
     def __len__(self) -> int:
-        return len(self._columns)
+        return len(self._columns) + len(self._builtin)
 
 
 class ColumnQueries:

@@ -1,0 +1,185 @@
+"""Webhook delivery: end-to-end latency and throughput to a fast local receiver.
+
+    python bench/webhooks.py [--samples 300] [--messages 4000] [--concurrency 50] [--dsn ...]
+
+Drops and recreates the scratch database ``notifyq_bench_webhooks``. The receiver is a separate
+process (a bare asyncio HTTP/1.1 server on 127.0.0.1 answering 200 at once, keep-alive) that
+prints each request's ``webhook-id`` and its arrival time on CLOCK_MONOTONIC, which is shared by
+every process on the machine; the worker runs in this process (``app.run_worker``).
+
+- ``latency``: an idle worker; one message at a time, 20-40 ms apart; latency = arrival at the
+  receiver minus the moment ``app.webhooks.send(...)`` was called (so it includes the send's
+  own transaction, the NOTIFY, the claim, the load + decrypt + sign, the POST and nothing
+  after). p50/p90/p99/max.
+- ``throughput``: N messages fanned out to 1 and to 20 endpoints, sent while the worker is
+  stopped, then drained: deliveries per second from worker start to the last arrival.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import anyio
+import psycopg
+
+from notifyq import App
+from notifyq.settings import Settings
+
+DATABASE = "notifyq_bench_webhooks"
+KEY = base64.b64encode(os.urandom(32)).decode()
+
+RECEIVER = r'''
+import asyncio, sys, time
+out = sys.stdout
+async def serve(reader, writer):
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            now = time.monotonic()
+            length, msg = 0, b""
+            for line in head.split(b"\r\n"):
+                low = line.lower()
+                if low.startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+                elif low.startswith(b"webhook-id:"):
+                    msg = line.split(b":", 1)[1].strip()
+            if length:
+                await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            out.write(f"{msg.decode()} {now}\n")
+            out.flush()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+async def main():
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, backlog=1024)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+asyncio.run(main())
+'''
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE,
+                                     text=True, bufsize=1)
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+        self.arrivals: dict[str, float] = {}
+        self.count = 0
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            msg, at = line.split()
+            self.arrivals[msg] = float(at)
+            self.count += 1
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _recreate(admin: str) -> str:
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{DATABASE}"')
+    return psycopg.conninfo.make_conninfo(admin, dbname=DATABASE)
+
+
+def _app(dsn: str) -> App:
+    return App(settings=Settings(
+        database_url=dsn, keys=f"1:{KEY}", active_key_version=1, log_level="WARNING",
+        pool_max_size=40,
+        webhooks={"allowed_networks": ["127.0.0.0/8"]}))  # type: ignore[arg-type]
+
+
+async def _wait(check: object, timeout: float = 120.0) -> None:  # noqa: ASYNC109
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError("the receiver did not get every message")
+        await anyio.sleep(0.001)
+
+
+async def latency(dsn: str, receiver: Receiver, samples: int) -> dict[str, float]:
+    app = _app(dsn)
+    async with app, anyio.create_task_group() as tg:
+        await app.migrate()
+        await app.webhooks.create_endpoint(f"http://127.0.0.1:{receiver.port}/lat",
+                                           event_types=["bench.latency"])
+        tg.start_soon(lambda: app.run_worker(concurrency=10))
+        await anyio.sleep(1.0)
+        values = []
+        for i in range(samples + 20):
+            started = time.monotonic()
+            sent = await app.webhooks.send("bench.latency", {"i": i})
+            await _wait(lambda sent=sent: sent.id in receiver.arrivals)
+            if i >= 20:  # warm-up excluded
+                values.append((receiver.arrivals[sent.id] - started) * 1000)
+            await anyio.sleep(0.02 + 0.02 * (i % 2))
+        tg.cancel_scope.cancel()
+    values.sort()
+    return {"p50_ms": statistics.median(values),
+            "p90_ms": values[int(len(values) * 0.90) - 1],
+            "p99_ms": values[int(len(values) * 0.99) - 1], "max_ms": values[-1]}
+
+
+async def throughput(dsn: str, receiver: Receiver, messages: int, endpoints: int,
+                     concurrency: int) -> float:
+    app = _app(dsn)
+    event = f"bench.fanout{endpoints}"
+    async with app:
+        for n in range(endpoints):
+            await app.webhooks.create_endpoint(f"http://127.0.0.1:{receiver.port}/t{n}",
+                                               event_types=[event])
+        per = messages // endpoints
+        async with (await app.pool()).connection() as conn, conn.transaction():
+            for i in range(per):
+                await app.webhooks.send(event, {"i": i}, conn=conn)
+        target = receiver.count + per * endpoints
+        async with anyio.create_task_group() as tg:
+            started = time.monotonic()
+            tg.start_soon(lambda: app.run_worker(concurrency=concurrency))
+            await _wait(lambda: receiver.count >= target)
+            elapsed = time.monotonic() - started
+            tg.cancel_scope.cancel()
+    return per * endpoints / elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", default=os.environ.get(
+        "NOTIFYQ_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--messages", type=int, default=4000)
+    parser.add_argument("--concurrency", type=int, default=50)
+    args = parser.parse_args()
+    dsn = _recreate(args.dsn)
+    receiver = Receiver()
+    try:
+        lat = anyio.run(latency, dsn, receiver, args.samples)
+        print("latency send -> receiver (idle worker): " + ", ".join(
+            f"{k} {v:.2f}" for k, v in lat.items()))
+        for endpoints in (1, 20):
+            rate = anyio.run(throughput, dsn, receiver, args.messages, endpoints,
+                             args.concurrency)
+            print(f"throughput, {endpoints:>2} endpoint(s), concurrency {args.concurrency}: "
+                  f"{rate:,.0f} deliveries/s")
+    finally:
+        receiver.stop()
+        with psycopg.connect(args.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

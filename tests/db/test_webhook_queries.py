@@ -1,0 +1,221 @@
+"""The webhook named queries, run directly (SQL behaviour; the Python around them is tested in
+tests/webhooks)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from notifyq.db.queries import Queries
+from tests.db.conftest import T0
+
+Conn = psycopg.Connection[dict[str, Any]]
+
+
+def _endpoint(db: Conn, q: Queries, *, event_types: list[str] | None = None,
+              enabled: bool = True) -> Any:
+    row = db.execute(q.webhook_endpoint_insert, {
+        "url": "https://hooks.example/x", "description": "d", "event_types": event_types,
+        "headers": Jsonb({"X-A": "1"}), "enabled": enabled, "now": T0}).fetchone()
+    assert row is not None
+    db.execute(q.webhook_secret_insert, {"id": uuid.uuid4(), "endpoint_id": row["id"],
+                                         "ciphertext": b"c" * 40, "now": T0})
+    return row["id"]
+
+
+def _send(db: Conn, q: Queries, event_type: str = "a.b", *, endpoint_id: Any = None,
+          key: str | None = None) -> dict[str, Any]:
+    row = db.execute(q.webhook_message_send, {
+        "event_type": event_type, "payload": Jsonb({"n": 1}), "endpoint_id": endpoint_id,
+        "idempotency_key": key}).fetchone()
+    assert row is not None
+    return row
+
+
+def _record(db: Conn, q: Queries, message_id: str, endpoint_id: Any, *, succeeded: bool,
+            now: Any, status: str | None, counted: int = 1) -> dict[str, Any]:
+    row = db.execute(q.webhook_attempt_record, {
+        "message_id": message_id, "endpoint_id": endpoint_id, "run_id": None,
+        "trigger": "scheduled", "attempt": 1, "webhook_timestamp": 1, "url": "u",
+        "status_code": 200 if succeeded else 500, "error_kind": None, "error": None,
+        "duration_ms": 1.5, "response_body": "ok", "response_truncated": False,
+        "next_attempt_at": None, "delivery_status": status, "counted": counted,
+        "succeeded": succeeded, "now": now}).fetchone()
+    assert row is not None
+    return row
+
+
+def test_endpoints_are_inserted_listed_updated_disabled_enabled_and_deleted(
+        db: Conn, q: Queries) -> None:
+    first = _endpoint(db, q)
+    second = _endpoint(db, q, enabled=False)
+    got = db.execute(q.webhook_endpoint_get, {"id": first, "now": T0}).fetchone()
+    assert got is not None
+    assert (got["valid_secrets"], got["headers"]) == (1, {"X-A": "1"})
+    listed = db.execute(q.webhook_endpoint_list, {"after": None, "enabled": None, "limit": 10,
+                                                  "now": T0}).fetchall()
+    assert [r["id"] for r in listed] == [first, second]
+    enabled = db.execute(q.webhook_endpoint_list, {"after": None, "enabled": True,
+                                                   "limit": 10, "now": T0}).fetchall()
+    assert [r["id"] for r in enabled] == [first]
+    after = db.execute(q.webhook_endpoint_list, {"after": first, "enabled": None, "limit": 10,
+                                                 "now": T0}).fetchall()
+    assert [r["id"] for r in after] == [second]
+
+    updated = db.execute(q.webhook_endpoint_update, {
+        "id": first, "url": None, "description": "new", "set_event_types": True,
+        "event_types": ["x.y"], "headers": None, "now": T0}).fetchone()
+    assert updated is not None
+    assert (updated["description"], updated["event_types"], updated["url"]) == (
+        "new", ["x.y"], "https://hooks.example/x")
+    kept = db.execute(q.webhook_endpoint_update, {
+        "id": first, "url": None, "description": None, "set_event_types": False,
+        "event_types": None, "headers": None, "now": T0}).fetchone()
+    assert kept is not None
+    assert kept["event_types"] == ["x.y"]
+
+    off = db.execute(q.webhook_endpoint_disable, {"id": first, "reason": "one", "now": T0}
+                     ).fetchone()
+    again = db.execute(q.webhook_endpoint_disable, {"id": first, "reason": "two",
+                                                    "now": T0 + timedelta(hours=1)}).fetchone()
+    assert off is not None
+    assert again is not None
+    assert (again["disabled_reason"], again["disabled_at"]) == ("one", T0)
+    on = db.execute(q.webhook_endpoint_enable, {"id": first, "now": T0}).fetchone()
+    assert on is not None
+    assert (on["disabled_at"], on["disabled_reason"], on["failing_since"]) == (None, None, None)
+    assert db.execute(q.webhook_endpoint_delete, {"id": first}).fetchone() is not None
+    assert db.execute(q.webhook_endpoint_delete, {"id": first}).fetchone() is None
+    assert db.execute("SELECT count(*) AS n FROM notifyq.webhook_secret").fetchone() == {"n": 1}
+
+
+def test_a_rotation_expires_the_current_secrets_at_the_end_of_the_grace_period(
+        db: Conn, q: Queries) -> None:
+    endpoint = _endpoint(db, q)
+    expires = db.execute(q.webhook_rotation_expiry, {"now": T0, "grace_s": 60.0}).fetchone()
+    assert expires == {"expires_at": T0 + timedelta(seconds=60)}
+    db.execute(q.webhook_secret_expire, {"endpoint_id": endpoint,
+                                         "expires_at": expires["expires_at"]})
+    db.execute(q.webhook_secret_insert, {"id": uuid.uuid4(), "endpoint_id": endpoint,
+                                         "ciphertext": b"n" * 40, "now": T0})
+    count = q.webhook_endpoint_get
+    assert db.execute(count, {"id": endpoint, "now": T0 + timedelta(seconds=59)}
+                      ).fetchone()["valid_secrets"] == 2  # type: ignore[index]
+    assert db.execute(count, {"id": endpoint, "now": T0 + timedelta(seconds=60)}
+                      ).fetchone()["valid_secrets"] == 1  # type: ignore[index]
+
+
+def test_send_fans_out_by_event_type_and_is_idempotent_by_key(db: Conn, q: Queries) -> None:
+    everything = _endpoint(db, q)
+    paid = _endpoint(db, q, event_types=["order.paid"])
+    _endpoint(db, q, event_types=["order.refunded"])
+    _endpoint(db, q, enabled=False)
+    sent = _send(db, q, "order.paid", key="k")
+    assert (sent["created"], sent["deliveries"]) == (True, 2)
+    assert sent["message_id"].startswith("msg_")
+    again = _send(db, q, "order.paid", key="k")
+    assert (again["message_id"], again["created"], again["deliveries"]) == (
+        sent["message_id"], False, 2)
+    only = _send(db, q, "order.refunded", endpoint_id=everything)
+    assert only["deliveries"] == 1
+    deliveries = db.execute(q.webhook_delivery_list, {"message_id": sent["message_id"]}
+                            ).fetchall()
+    assert {d["endpoint_id"] for d in deliveries} == {everything, paid}
+    message = db.execute(q.webhook_message_get, {"id": sent["message_id"]}).fetchone()
+    assert message is not None
+    assert message["body"] == '{"n": 1}'
+    runs = db.execute("SELECT job_type, pool, input FROM notifyq.job_run").fetchall()
+    assert len(runs) == 3
+    assert {(r["job_type"], r["pool"]) for r in runs} == {("webhook.deliver", "webhooks")}
+
+
+def test_load_reads_message_endpoint_delivery_and_valid_secrets_in_one_row(
+        db: Conn, q: Queries) -> None:
+    endpoint = _endpoint(db, q)
+    sent = _send(db, q)
+    row = db.execute(q.webhook_delivery_load, {"message_id": sent["message_id"],
+                                               "endpoint_id": endpoint, "now": T0}).fetchone()
+    assert row is not None
+    assert (row["status"], row["attempts"], len(row["ciphertexts"])) == ("pending", 0, 1)
+    db.execute("UPDATE notifyq.webhook_secret SET expires_at = %s", (T0,))
+    row = db.execute(q.webhook_delivery_load, {"message_id": sent["message_id"],
+                                               "endpoint_id": endpoint, "now": T0}).fetchone()
+    assert row is not None
+    assert (row["secret_ids"], row["ciphertexts"]) == ([], [])
+
+
+def test_recording_attempts_tracks_the_failure_streak_and_the_delivery(
+        db: Conn, q: Queries) -> None:
+    endpoint = _endpoint(db, q)
+    message = _send(db, q)["message_id"]
+    first = _record(db, q, message, endpoint, succeeded=False, now=T0, status="pending")
+    assert first["failing_since"] == T0
+    later = _record(db, q, message, endpoint, succeeded=False, now=T0 + timedelta(hours=1),
+                    status="pending")
+    assert later["failing_since"] == T0
+    ok = _record(db, q, message, endpoint, succeeded=True, now=T0 + timedelta(hours=2),
+                 status="succeeded")
+    assert ok["failing_since"] is None
+    delivery = db.execute(q.webhook_delivery_list, {"message_id": message}).fetchone()
+    assert delivery is not None
+    assert (delivery["status"], delivery["attempts"]) == ("succeeded", 3)
+    attempts = db.execute(q.webhook_attempt_list, {"message_id": message, "limit": 10}
+                          ).fetchall()
+    assert [a["status_code"] for a in attempts] == [500, 500, 200]
+
+
+def test_cancel_pending_stops_the_endpoints_deliveries_and_their_waiting_runs(
+        db: Conn, q: Queries) -> None:
+    endpoint = _endpoint(db, q)
+    messages = [_send(db, q)["message_id"] for _ in range(2)]
+    canceled = db.execute(q.webhook_delivery_cancel_pending, {
+        "endpoint_id": endpoint, "reason": "gone", "now": T0}).fetchall()
+    assert len(canceled) == 2
+    statuses = db.execute("SELECT DISTINCT status FROM notifyq.job_run").fetchall()
+    assert statuses == [{"status": "canceled"}]
+    for message in messages:
+        row = db.execute(q.webhook_delivery_list, {"message_id": message}).fetchone()
+        assert row is not None
+        assert (row["status"], row["last_error"]) == ("canceled", "gone")
+
+
+def test_skip_cancels_only_a_pending_delivery(db: Conn, q: Queries) -> None:
+    endpoint = _endpoint(db, q)
+    message = _send(db, q)["message_id"]
+    params = {"message_id": message, "endpoint_id": endpoint, "reason": "off", "now": T0}
+    assert db.execute(q.webhook_delivery_skip, params).rowcount == 1
+    assert db.execute(q.webhook_delivery_skip, params).rowcount == 0
+
+
+def test_resend_enqueues_one_manual_run_per_delivery(db: Conn, q: Queries) -> None:
+    a, b = _endpoint(db, q), _endpoint(db, q)
+    message = _send(db, q)["message_id"]
+    rows = db.execute(q.webhook_delivery_resend, {"message_id": message,
+                                                  "endpoint_id": None}).fetchall()
+    assert sorted(r["endpoint_id"] for r in rows) == sorted([a, b])
+    one = db.execute(q.webhook_delivery_resend, {"message_id": message,
+                                                 "endpoint_id": a}).fetchall()
+    assert [r["endpoint_id"] for r in one] == [a]
+    run = db.execute("SELECT input, trigger_source FROM notifyq.job_run WHERE id = %s",
+                     (one[0]["run_id"],)).fetchone()
+    assert run is not None
+    assert run["input"]["trigger"] == "manual"
+    assert run["trigger_source"] == "manual"
+
+
+def test_recover_restarts_failed_deliveries_since_a_time(db: Conn, q: Queries) -> None:
+    endpoint = _endpoint(db, q)
+    old, new = (_send(db, q)["message_id"] for _ in range(2))
+    _record(db, q, old, endpoint, succeeded=False, now=T0 - timedelta(days=1), status="failed")
+    _record(db, q, new, endpoint, succeeded=False, now=T0, status="failed")
+    rows = db.execute(q.webhook_delivery_recover, {"endpoint_id": endpoint, "since": T0,
+                                                   "limit": 100, "now": T0}).fetchall()
+    assert [r["message_id"] for r in rows] == [new]
+    delivery = db.execute(q.webhook_delivery_list, {"message_id": new}).fetchone()
+    assert delivery is not None
+    assert (delivery["status"], delivery["attempts"], delivery["run_id"]) == (
+        "pending", 0, rows[0]["run_id"])
