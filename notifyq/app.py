@@ -252,10 +252,23 @@ class App:
         With ``conn``, the row is written in that connection's open transaction and workers
         are woken when it commits; a rollback leaves nothing behind.
         """
-        prepared = self._prepare(EnqueueRequest(
+        run, _ = await self.enqueue_request(EnqueueRequest(
             job_type=job_type, input={} if input is None else input, run_at=run_at,
             priority=priority, pool=pool, max_attempts=max_attempts, dedupe_key=dedupe_key,
-            tags=tags, tenant_id=tenant_id))
+            tags=tags, tenant_id=tenant_id), conn=conn)
+        return run
+
+    async def enqueue_request(self, request: EnqueueRequest, *,
+                              conn: psycopg.AsyncConnection[Any] | None = None,
+                              ) -> tuple[Run, bool]:
+        """:meth:`enqueue` from an :class:`EnqueueRequest`; also says whether the run was
+        created (False: a dedupe key matched an existing run, which is returned)."""
+        prepared = self._prepare(request)
+        run = await self._enqueue_prepared(prepared, conn)
+        return run, run.id == prepared.id
+
+    async def _enqueue_prepared(self, prepared: Prepared,
+                                conn: psycopg.AsyncConnection[Any] | None) -> Run:
         if conn is not None:
             return await self._enqueue_on(conn, prepared, notify=True)
         db = await self.pool()

@@ -3,7 +3,6 @@ and stats. Each is a thin call into :class:`notifyq.App`."""
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -14,7 +13,7 @@ from notifyq.api import schemas
 from notifyq.api.auth import Authenticator
 from notifyq.api.problems import MEDIA_TYPE, problem
 from notifyq.app import App
-from notifyq.enqueue import JOB_TYPE, POOL
+from notifyq.enqueue import JOB_TYPE, POOL, EnqueueRequest
 from notifyq.errors import ConfigError, InvalidEnqueue, PayloadTooLarge
 from notifyq.run import Run, RunStatus
 
@@ -32,13 +31,6 @@ def _run(run: Run) -> dict[str, Any]:
     return run.to_json()
 
 
-def created_now(run: Run, since_ms: int) -> bool:
-    """Whether the enqueue created ``run`` rather than returning an existing one (a dedupe
-    hit). Run ids are UUIDv7, made when the request is prepared: the first 48 bits are Unix
-    milliseconds, so a new run's id is never older than the request."""
-    return run.id.int >> 80 >= since_ms
-
-
 def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRouter:
     read = [Depends(auth.require("read"))]
     admin = [Depends(auth.require("admin"))]
@@ -50,12 +42,10 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
                             **_problems(400, 409, 413, 422, *AUTH)},
                  summary="Enqueue a run")
     async def enqueue(body: schemas.EnqueueIn) -> JSONResponse:
-        since_ms = time.time_ns() // 1_000_000
-        run = await app.enqueue(body.job_type, body.input, run_at=body.run_at,
-                                priority=body.priority, pool=body.pool,
-                                max_attempts=body.max_attempts, dedupe_key=body.dedupe_key,
-                                tags=body.tags, tenant_id=body.tenant_id)
-        new = created_now(run, since_ms)
+        run, new = await app.enqueue_request(EnqueueRequest(
+            job_type=body.job_type, input=body.input, run_at=body.run_at,
+            priority=body.priority, pool=body.pool, max_attempts=body.max_attempts,
+            dedupe_key=body.dedupe_key, tags=body.tags, tenant_id=body.tenant_id))
         if new:
             metrics_enqueued.labels(run.job_type).inc()
         return JSONResponse(_run(run), status_code=201 if new else 200)

@@ -217,3 +217,14 @@ async def test_enqueue_returns_the_stored_run(app: App) -> None:
         -2, "p1", 4, ["x", "y"])
     assert run.created_at == row["created_at"]
     assert (await app.list_runs(tag="y"))[0].id == run.id
+
+
+async def test_enqueue_request_says_whether_the_run_was_created_or_deduplicated(
+        app: App) -> None:
+    first, created = await app.enqueue_request(EnqueueRequest(
+        job_type="t.echo", input={"a": 1}, dedupe_key="k"))
+    again, created_again = await app.enqueue_request(EnqueueRequest(
+        job_type="t.echo", input={"a": 2}, dedupe_key="k"))
+    assert (created, created_again) == (True, False)
+    assert again.id == first.id
+    assert await _count(app) == 1
