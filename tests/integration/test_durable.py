@@ -49,6 +49,12 @@ async def status_of(app: App, run_id: Any) -> str:
     return str(await scalar(app, "SELECT status FROM notifyq.job_run WHERE id = %s", run_id))
 
 
+async def until_waiting(app: App, run_id: Any) -> None:
+    async def waiting() -> None:
+        assert await status_of(app, run_id) == "waiting"
+    await eventually(waiting)
+
+
 # -- steps ------------------------------------------------------------------------------------
 
 
@@ -430,9 +436,7 @@ async def test_a_durable_sleep_releases_the_slot_and_resumes_after_the_delay(dsn
 
         run = await app.enqueue("durable.nap")
         async with running(app):
-            async def waiting() -> None:
-                assert await status_of(app, run.id) == "waiting"
-            await eventually(waiting)
+            await until_waiting(app, run.id)
             row = await finished(app, run.id)
         assert (row["status"], row["output"], row["attempts"]) == ("completed", "awake", 1)
         assert entered == [1, 1]  # resumed in the same attempt
@@ -447,9 +451,7 @@ async def test_a_signal_resumes_the_waiting_run_with_its_payload(dsn: str) -> No
 
         run = await app.enqueue("durable.approval", {"id": 9})
         async with running(app):
-            async def waiting() -> None:
-                assert await status_of(app, run.id) == "waiting"
-            await eventually(waiting)
+            await until_waiting(app, run.id)
             assert await app.signal("approve:9", {"by": "ops"}) == 1
             row = await finished(app, run.id)
         assert (row["status"], row["output"]) == ("completed", {"by": "ops"})
@@ -491,9 +493,7 @@ async def test_sleep_and_signal_survive_a_worker_restart(dsn: str) -> None:
 
         run = await app.enqueue("durable.patient")
         async with running(app):
-            async def waiting() -> None:
-                assert await status_of(app, run.id) == "waiting"
-            await eventually(waiting)
+            await until_waiting(app, run.id)
         # The worker is gone; the wait is in the table, not in its memory.
         assert await status_of(app, run.id) == "waiting"
     async with durable_app(dsn) as fresh:
@@ -522,8 +522,6 @@ async def test_canceling_a_waiting_run_cancels_it_at_once(dsn: str) -> None:
 
         run = await app.enqueue("durable.forever")
         async with running(app):
-            async def waiting() -> None:
-                assert await status_of(app, run.id) == "waiting"
-            await eventually(waiting)
+            await until_waiting(app, run.id)
             canceled = await app.cancel(run.id)
         assert canceled.status is RunStatus.CANCELED
