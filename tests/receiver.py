@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Callable
@@ -43,7 +44,11 @@ class Received:
 
 
 class Receiver:
-    def __init__(self) -> None:
+    """``tls``: serve HTTPS with this server context (requests reach the handler only after
+    a completed handshake)."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls
         self.requests: list[Received] = []
         self.scripts: dict[str, list[Reply]] = {}
         self.connections = 0
@@ -75,7 +80,8 @@ class Receiver:
         self.stop()
 
     def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
 
     def script(self, path: str, *replies: Reply) -> None:
         with self._lock:
@@ -93,7 +99,8 @@ class Receiver:
         asyncio.set_event_loop(loop)
 
         async def start() -> None:
-            self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+            self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0,
+                                                      ssl=self.tls)
             self.port = self._server.sockets[0].getsockname()[1]
 
         loop.run_until_complete(start())

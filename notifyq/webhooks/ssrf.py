@@ -158,7 +158,10 @@ class Guard:
             if is_localhost_name(host):
                 names = ["127.0.0.1", "::1"]
             else:
-                names = await resolver(host, port)
+                try:
+                    names = await resolver(host, port)
+                except OSError as exc:  # an injected resolver's gaierror: still a DNS failure
+                    raise ResolutionFailed(f"{host} did not resolve: {exc}") from None
             addresses = [ipaddress.ip_address(a.split("%", 1)[0]) for a in names]
         if not addresses:
             raise ResolutionFailed(f"{host} resolved to no address")
