@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,6 +15,7 @@ import pytest
 from notifyq import App
 from notifyq.db import migrate as migrations
 from notifyq.settings import Settings
+from tests.support import worker_log_dir
 
 ADMIN_DSN = os.environ.get("NOTIFYQ_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -75,6 +77,13 @@ def empty_dsn() -> Iterator[str]:
         yield dsn_for(name)
     finally:
         _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def logs() -> Iterator[Path]:
+    """A directory for worker processes' logs, kept when NOTIFYQ_TEST_WORKER_LOGS names one."""
+    with worker_log_dir() as path:
+        yield path
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -34,18 +33,11 @@ from tests.support import (
     status_counts,
     terminate,
     wait_until,
-    worker_log_dir,
 )
 
 Conn = psycopg.Connection[Any]
 
 pytestmark = pytest.mark.chaos
-
-
-@pytest.fixture
-def logs() -> Iterator[Path]:
-    with worker_log_dir() as path:
-        yield path
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ leased, and the queue drains once the load stops.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +25,11 @@ from tests.support import (
     check_exactly_once,
     scalar,
     wait_until,
-    worker_log_dir,
 )
 
 Conn = psycopg.Connection[Any]
 
 pytestmark = pytest.mark.chaos
-
-
-@pytest.fixture
-def logs() -> Iterator[Path]:
-    with worker_log_dir() as path:
-        yield path
 
 
 @pytest.mark.timeout(120)

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +31,9 @@ from tests.support import (
     status_counts,
     terminate,
     wait_until,
-    worker_log_dir,
 )
 
 Conn = psycopg.Connection[Any]
-
-
-@pytest.fixture
-def logs() -> Iterator[Path]:
-    with worker_log_dir() as path:
-        yield path
 
 
 @pytest.fixture

@@ -18,17 +18,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.serving import ADMIN, READER, Served
-from tests.support import ROOT, scalar, status_counts, wait_until, worker_log_dir
+from tests.support import ROOT, scalar, status_counts, wait_until
 
 Conn = psycopg.Connection[Any]
 PROBLEM = "application/problem+json"
 UNKNOWN_ID = "01900000-0000-7000-8000-000000000000"
-
-
-@pytest.fixture
-def logs() -> Iterator[Path]:
-    with worker_log_dir() as path:
-        yield path
 
 
 @pytest.fixture
