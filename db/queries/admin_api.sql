@@ -2,8 +2,9 @@
 -- come from job_step_list).
 
 -- name: job_run_list_children
--- A run's children (spawned with ctx.spawn_child), oldest first: ids are time-ordered.
+-- A run's children (spawned with ctx.spawn_child), oldest first. UUIDv7 ids order by
+-- millisecond only (random bits within one), so created_at decides first.
 SELECT * FROM {schema}.job_run
 WHERE parent_run_id = %(parent_run_id)s
-ORDER BY id
+ORDER BY created_at, id
 LIMIT %(limit)s
