@@ -6,24 +6,20 @@ embedded in IPv6 (mapped ``::ffff:a.b.c.d``, compatible ``::a.b.c.d``, NAT64 ``6
 purpose registries) rather than ``ipaddress.is_global`` alone, which has let through ranges such
 as CGNAT or NAT64 in some Python versions; ``is_global`` is checked as well.
 
-At delivery the guard sits under the HTTP client (:class:`PinnedBackend`): the hostname is
-resolved once, every resolved address must pass, and the connection goes to the address that
-was checked, so a DNS answer that changes between check and connect (rebinding) is never used.
-TLS still verifies the URL's hostname (SNI and certificate), because httpcore starts TLS with
-the origin's host whatever address the TCP stream went to.
+At delivery the guard sits under the HTTP client (in
+:class:`~notifyq.webhooks.transport.GuardedTransport`): the hostname is resolved once, every
+resolved address must pass, and the connection goes to the address that was checked, so a DNS
+answer that changes between check and connect (rebinding) is never used. TLS still verifies the
+URL's hostname (SNI and certificate), not the address the TCP stream went to.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import select
 import socket
-import ssl
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 import anyio
-import httpcore
 
 from notifyq.errors import NotifyqError
 
@@ -181,74 +177,3 @@ async def system_resolver(host: str, port: int) -> list[str]:
     for info in infos:
         seen.setdefault(str(info[4][0]), None)
     return list(seen)
-
-
-class PinnedBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's network backend with the guard in front: ``connect_tcp`` resolves and checks
-    the host, then connects to that very address. Refusals raise before any socket opens."""
-
-    def __init__(self, guard: Guard, resolver: Resolver | None = None) -> None:
-        self.guard = guard
-        self.resolver = resolver or system_resolver
-        self._inner = httpcore.AnyIOBackend()
-
-    async def connect_tcp(self, host: str, port: int,
-                          timeout: float | None = None,  # noqa: ASYNC109 - httpcore's API
-                          local_address: str | None = None,
-                          socket_options: Iterable[Any] | None = None,
-                          ) -> httpcore.AsyncNetworkStream:
-        address = await self.guard.resolve(host, port, self.resolver)
-        stream = await self._inner.connect_tcp(str(address), port, timeout=timeout,
-                                               local_address=local_address,
-                                               socket_options=socket_options)
-        return _Stream(stream)
-
-    async def connect_unix_socket(self, path: str,
-                                  timeout: float | None = None,  # noqa: ASYNC109 - httpcore's
-                                  socket_options: Iterable[Any] | None = None,
-                                  ) -> httpcore.AsyncNetworkStream:
-        raise BlockedAddress("webhooks never connect to unix sockets")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-class _Stream(httpcore.AsyncNetworkStream):
-    """The connected stream, with the raw socket looked up once: the pool asks every idle
-    connection ``is_readable`` on every request, and anyio's typed-attribute lookup behind it
-    cost about a tenth of a delivery's CPU time at 50 pooled connections."""
-
-    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
-        self._inner = inner
-        self._socket = inner.get_extra_info("socket")
-
-    async def read(self, max_bytes: int,
-                   timeout: float | None = None) -> bytes:  # noqa: ASYNC109 - httpcore's API
-        return await self._inner.read(max_bytes, timeout)
-
-    async def write(self, buffer: bytes,
-                    timeout: float | None = None) -> None:  # noqa: ASYNC109 - httpcore's API
-        await self._inner.write(buffer, timeout)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
-                        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's API
-                        ) -> httpcore.AsyncNetworkStream:
-        # TLS verifies the URL's hostname (SNI and certificate), not the pinned address.
-        return await self._inner.start_tls(ssl_context, server_hostname, timeout)
-
-    def get_extra_info(self, info: str) -> Any:
-        if info == "is_readable" and self._socket is not None:
-            return _is_readable(self._socket)
-        return self._inner.get_extra_info(info)
-
-
-def _is_readable(sock: socket.socket) -> bool:
-    """True when the peer closed (or sent something unasked): the connection is not reusable."""
-    try:
-        ready, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(ready)

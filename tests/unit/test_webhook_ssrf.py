@@ -7,12 +7,14 @@ from __future__ import annotations
 import ipaddress
 
 import anyio
+import httpx
 import pytest
 
 from notifyq.errors import InvalidEndpoint
 from notifyq.settings import WebhookSettings
 from notifyq.webhooks.endpoints import check_headers, check_url
-from notifyq.webhooks.ssrf import BlockedAddress, Guard, PinnedBackend, literal_address
+from notifyq.webhooks.ssrf import BlockedAddress, Guard, Resolver, literal_address
+from notifyq.webhooks.transport import GuardedTransport
 
 BLOCKED = [
     "0.0.0.0",  # noqa: S104 - a table of refused addresses
@@ -120,30 +122,25 @@ def test_custom_header_values_cannot_inject_lines() -> None:
 
 
 class _Recording:
-    """Stands in for the real network backend: records every connect it is asked for."""
+    """Stands in for ``asyncio.open_connection``: records every connect it is asked for and
+    refuses it (nothing is ever opened)."""
 
     def __init__(self) -> None:
         self.connects: list[tuple[str, int]] = []
 
-    async def connect_tcp(self, host: str, port: int, **_: object) -> object:
+    async def __call__(self, host: str, port: int, **_: object) -> object:
         self.connects.append((host, port))
-        return _NoStream()
+        raise ConnectionRefusedError("recorded, not connected")
 
 
-class _NoStream:
-    def get_extra_info(self, info: str) -> None:
-        return None
-
-
-def _backend(answers: list[str], allowed: list[str] | None = None) -> tuple[PinnedBackend,
-                                                                           _Recording]:
-    async def resolver(host: str, port: int) -> list[str]:
-        return answers
-
-    backend = PinnedBackend(Guard(allowed or []), resolver)
+def _transport(resolver: Resolver, allowed: list[str] | None = None) -> tuple[
+        GuardedTransport, _Recording]:
     recording = _Recording()
-    backend._inner = recording  # type: ignore[assignment]
-    return backend, recording
+    return GuardedTransport(Guard(allowed or []), resolver, opener=recording), recording
+
+
+async def _post(transport: GuardedTransport, url: str) -> None:
+    await transport.handle_async_request(httpx.Request("POST", url, content=b"{}"))
 
 
 @pytest.mark.parametrize("answers", [["127.0.0.1"], ["10.0.0.5"], ["169.254.169.254"],
@@ -151,28 +148,29 @@ def _backend(answers: list[str], allowed: list[str] | None = None) -> tuple[Pinn
                                      ["93.184.216.34", "10.0.0.5"]])
 def test_a_hostname_resolving_to_any_blocked_address_is_refused_before_connecting(
         answers: list[str]) -> None:
-    backend, recording = _backend(answers)
+    async def resolver(host: str, port: int) -> list[str]:
+        return answers
+
+    transport, recording = _transport(resolver)
 
     async def go() -> None:
         with pytest.raises(BlockedAddress, match=r"refusing to connect to hooks\.example"):
-            await backend.connect_tcp("hooks.example", 443)
+            await _post(transport, "https://hooks.example/in")
     anyio.run(go)
     assert recording.connects == []
 
 
-@pytest.mark.parametrize("host", ["127.1", "2130706433", "0x7f000001", "::ffff:7f00:1",
+@pytest.mark.parametrize("host", ["127.1", "2130706433", "0x7f000001", "[::ffff:7f00:1]",
                                   "localhost.", "localhost"])
 def test_loopback_url_forms_are_refused_at_connect_time_without_asking_dns(host: str) -> None:
     async def no_dns(host: str, port: int) -> list[str]:
         raise AssertionError("the resolver must not be asked")
 
-    backend = PinnedBackend(Guard(), no_dns)
-    recording = _Recording()
-    backend._inner = recording  # type: ignore[assignment]
+    transport, recording = _transport(no_dns)
 
     async def go() -> None:
         with pytest.raises(BlockedAddress):
-            await backend.connect_tcp(host, 80)
+            await _post(transport, f"http://{host}/in")
     anyio.run(go)
     assert recording.connects == []
 
@@ -183,14 +181,13 @@ def test_the_connection_goes_to_the_checked_address_not_a_second_resolution() ->
     async def rebinding(host: str, port: int) -> list[str]:
         return next(answers)
 
-    backend = PinnedBackend(Guard(), rebinding)
-    recording = _Recording()
-    backend._inner = recording  # type: ignore[assignment]
+    transport, recording = _transport(rebinding)
 
     async def go() -> None:
-        await backend.connect_tcp("rebind.example", 443)
+        with pytest.raises(httpx.ConnectError, match="recorded, not connected"):
+            await _post(transport, "https://rebind.example/in")
         with pytest.raises(BlockedAddress):
-            await backend.connect_tcp("rebind.example", 443)
+            await _post(transport, "https://rebind.example/in")
     anyio.run(go)
     assert recording.connects == [("93.184.216.34", 443)]
 
