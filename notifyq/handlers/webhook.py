@@ -3,12 +3,14 @@
 Input ``{"message_id", "endpoint_id"}`` (scheduled) or with ``"trigger": "manual"`` (a resend).
 Each execution:
 
-1. loads message, endpoint, delivery and the valid secrets' ciphertexts in one query;
+1. loads message, endpoint, delivery and the valid secrets' ciphertexts in one query (batched
+   with the loads of concurrent deliveries, see :class:`~notifyq.db.batcher.Batcher`);
 2. signs the stored body per Standard Webhooks v1 with every valid secret, with a fresh
    ``webhook-timestamp``;
 3. POSTs it through the process's :class:`~notifyq.webhooks.client.WebhookClient` (SSRF guard,
    deadline, capped body);
-4. records the attempt, the delivery's state and the endpoint's failure streak in one statement;
+4. records the attempt, the delivery's state and the endpoint's failure streak in one statement
+   (batched with the records of concurrent deliveries);
 5. decides (:func:`~notifyq.webhooks.schedule.decide`): success returns; a retry raises
    ``Snooze`` with the webhook schedule's delay (the generic backoff never decides); a delivery
    that is over raises ``Permanent``. 410 Gone, or failing longer than
@@ -23,9 +25,13 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+import psycopg
+
+from notifyq.db.batcher import Batcher
 from notifyq.errors import Permanent, Snooze, WebhookNotFound
 from notifyq.webhooks.endpoints import RESERVED_HEADERS
 from notifyq.webhooks.schedule import Decision, decide
@@ -40,6 +46,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("notifyq.webhooks")
 
 USER_AGENT = "notifyq-webhooks/1"
+_SIGNING_KEYS_KEPT = 4096
+_RECORD_COLUMNS = {
+    "message_id": "message_ids", "endpoint_id": "endpoint_ids", "run_id": "run_ids",
+    "trigger": "triggers", "attempt": "attempts", "webhook_timestamp": "webhook_timestamps",
+    "url": "urls", "status_code": "status_codes", "error_kind": "error_kinds",
+    "error": "errors", "duration_ms": "durations_ms", "response_body": "response_bodies",
+    "response_truncated": "response_truncated", "next_attempt_at": "next_attempt_ats",
+    "delivery_status": "delivery_statuses", "counted": "counted", "succeeded": "succeeded"}
+"""Each attempt's field -> the array parameter of ``webhook_attempt_record_many``."""
 _STATUS_AFTER = {"succeeded": "succeeded", "retry": "pending", "failed": "failed",
                  "gone": "failed"}
 
@@ -56,6 +71,16 @@ class Deliverer:
         self.resolver = resolver
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
         self._client: WebhookClient | None = None
+        self._signing_keys: dict[tuple[UUID, bytes], bytes] = {}
+        # Batching the two statements of every delivery with those of concurrent deliveries:
+        # at 50 in flight to one endpoint, 586 -> 883 deliveries/s, the record's server time
+        # 252 -> 125 us per attempt and the load's 89 -> 38 us (8,000 deliveries,
+        # pg_stat_statements). At idle a statement still goes alone and at once.
+        self._loads: Batcher[tuple[str, UUID], dict[str, Any] | None] = Batcher(
+            self._load_many, split_on=(psycopg.DataError,))
+        self._records: Batcher[dict[str, Any], datetime | None] = Batcher(
+            self._record_many, split_on=(psycopg.IntegrityError, psycopg.DataError,
+                                         psycopg.errors.DeadlockDetected))
         self.observer: Callable[[str], None] | None = None
         """Called with each attempt's outcome (``2xx``..``5xx`` or the error kind)."""
 
@@ -91,21 +116,18 @@ class Deliverer:
         q = app.queries
         scheduled = trigger == "scheduled"
         now = app.clock.now()
-        db = await app.pool()
-        async with db.connection() as conn:
-            row = await (await conn.execute(q.webhook_delivery_load, {
-                "message_id": message_id, "endpoint_id": endpoint_id,
-                "now": app.clock.db_now()})).fetchone()
-            if row is None:
-                raise Permanent(WebhookNotFound(
-                    f"no delivery of message {message_id} to endpoint {endpoint_id}"))
-            skipped = self._skip_reason(row, scheduled)
-            if skipped is not None:
-                if scheduled:
+        row = await self._loads.submit((message_id, endpoint_id))
+        if row is None:
+            raise Permanent(WebhookNotFound(
+                f"no delivery of message {message_id} to endpoint {endpoint_id}"))
+        skipped = self._skip_reason(row, scheduled)
+        if skipped is not None:
+            if scheduled:
+                async with (await app.pool()).connection() as conn:
                     await conn.execute(q.webhook_delivery_skip, {
                         "message_id": message_id, "endpoint_id": endpoint_id,
                         "reason": skipped, "now": app.clock.db_now()})
-                return {"skipped": skipped}
+            return {"skipped": skipped}
         keys = self._keys(row)
         body = row["body"].encode()
         timestamp = int(now.timestamp())
@@ -127,6 +149,26 @@ class Deliverer:
         return await self._record(row, run_id=run_id, trigger=trigger, attempt=attempt,
                                   timestamp=timestamp, result=result, decision=decision)
 
+    async def _load_many(self, keys: list[tuple[str, UUID]]) -> list[dict[str, Any] | None]:
+        app = self._app
+        async with (await app.pool()).connection() as conn:
+            rows = await (await conn.execute(app.queries.webhook_delivery_load_many, {
+                "message_ids": [m for m, _ in keys], "endpoint_ids": [e for _, e in keys],
+                "now": app.clock.db_now()})).fetchall()
+        found = {row["ord"]: row for row in rows}
+        return [found.get(n) for n in range(1, len(keys) + 1)]
+
+    async def _record_many(self, items: list[dict[str, Any]]) -> list[datetime | None]:
+        app = self._app
+        params: dict[str, Any] = {plural: [i[name] for i in items]
+                                  for name, plural in _RECORD_COLUMNS.items()}
+        params["now"] = app.clock.db_now()
+        async with (await app.pool()).connection() as conn:
+            rows = await (await conn.execute(app.queries.webhook_attempt_record_many,
+                                             params)).fetchall()
+        since = {row["ord"]: row["failing_since"] for row in rows}
+        return [since.get(n) for n in range(1, len(items) + 1)]
+
     @staticmethod
     def _skip_reason(row: dict[str, Any], scheduled: bool) -> str | None:
         if row["disabled_at"] is not None:
@@ -138,8 +180,20 @@ class Deliverer:
     def _keys(self, row: dict[str, Any]) -> list[bytes]:
         keyring = self._app.keyring
         column = self._app.webhooks.secret_column
-        keys = [secret_key(keyring.decrypt(bytes(blob), column.context(secret_id)).decode())
-                for secret_id, blob in zip(row["secret_ids"], row["ciphertexts"], strict=True)]
+        cache = self._signing_keys
+        keys = []
+        for secret_id, stored in zip(row["secret_ids"], row["ciphertexts"], strict=True):
+            # Decrypting (AES-GCM) and decoding the secret cost ~25 us per delivery; a secret
+            # is immutable, so its key is kept by (id, ciphertext) (a re-encryption by a key
+            # rotation changes the ciphertext, not the key).
+            blob = bytes(stored)
+            key = cache.get((secret_id, blob))
+            if key is None:
+                key = secret_key(keyring.decrypt(blob, column.context(secret_id)).decode())
+                if len(cache) >= _SIGNING_KEYS_KEPT:
+                    cache.clear()
+                cache[(secret_id, blob)] = key
+            keys.append(key)
         if not keys:
             raise Permanent(ValueError(f"endpoint {row['endpoint_id']} has no valid secret"))
         return keys
@@ -148,7 +202,6 @@ class Deliverer:
                       attempt: int, timestamp: int, result: AttemptResult,
                       decision: Decision) -> dict[str, Any]:
         app = self._app
-        q = app.queries
         settings = app.settings.webhooks
         scheduled = trigger == "scheduled"
         now = app.clock.now()
@@ -160,30 +213,25 @@ class Deliverer:
             next_at = now + timedelta(seconds=decision.delay_s)
         outcome = (f"HTTP {result.status_code}" if result.status_code is not None
                    else f"{result.error_kind}: {result.error}")
-        db = await app.pool()
-        # One statement (atomic on its own): no BEGIN/COMMIT round trips on the hot path.
-        async with db.connection() as conn:
-            recorded = await (await conn.execute(q.webhook_attempt_record, {
-                "message_id": row["message_id"], "endpoint_id": row["endpoint_id"],
-                "run_id": run_id, "trigger": trigger, "attempt": attempt,
-                "webhook_timestamp": timestamp, "url": row["url"],
-                "status_code": result.status_code, "error_kind": result.error_kind,
-                "error": None if result.succeeded else outcome[:1000],
-                "duration_ms": result.duration_ms,
-                "response_body": result.body.decode(errors="replace").replace("\x00", "\ufffd"),
-                "response_truncated": result.truncated, "next_attempt_at": next_at,
-                "delivery_status": status, "counted": 1 if scheduled else 0,
-                "succeeded": result.succeeded, "now": app.clock.db_now()})).fetchone()
-            assert recorded is not None  # noqa: S101 - the statement returns one row
-            disable = None
-            if decision.kind == "gone":
-                disable = "the endpoint answered 410 Gone"
-            elif not result.succeeded and recorded["failing_since"] is not None:
-                failing_for = (now - recorded["failing_since"]).total_seconds()
-                if failing_for >= settings.disable_after_s:
-                    disable = (f"failing continuously since "
-                               f"{recorded['failing_since'].isoformat()}")
-            if disable is not None:
+        failing_since = await self._records.submit({
+            "message_id": row["message_id"], "endpoint_id": row["endpoint_id"],
+            "run_id": run_id, "trigger": trigger, "attempt": attempt,
+            "webhook_timestamp": timestamp, "url": row["url"],
+            "status_code": result.status_code, "error_kind": result.error_kind,
+            "error": None if result.succeeded else outcome[:1000].replace("\x00", "\ufffd"),
+            "duration_ms": result.duration_ms,
+            "response_body": result.body.decode(errors="replace").replace("\x00", "\ufffd"),
+            "response_truncated": result.truncated, "next_attempt_at": next_at,
+            "delivery_status": status, "counted": 1 if scheduled else 0,
+            "succeeded": result.succeeded})
+        disable = None
+        if decision.kind == "gone":
+            disable = "the endpoint answered 410 Gone"
+        elif not result.succeeded and failing_since is not None and (
+                now - failing_since).total_seconds() >= settings.disable_after_s:
+            disable = f"failing continuously since {failing_since.isoformat()}"
+        if disable is not None:
+            async with (await app.pool()).connection() as conn:
                 await self._disable(conn, row["endpoint_id"], disable)
         return self._finish(row, result, decision, outcome=outcome, scheduled=scheduled,
                             disabled=disable)

@@ -36,17 +36,39 @@ def _send(db: Conn, q: Queries, event_type: str = "a.b", *, endpoint_id: Any = N
     return row
 
 
+def _attempt(message_id: str, endpoint_id: Any, *, succeeded: bool, status: str | None,
+             counted: int = 1) -> dict[str, Any]:
+    return {"message_id": message_id, "endpoint_id": endpoint_id, "run_id": None,
+            "trigger": "scheduled" if counted else "manual", "attempt": 1,
+            "webhook_timestamp": 1, "url": "u", "status_code": 200 if succeeded else 500,
+            "error_kind": None, "error": None if succeeded else "HTTP 500", "duration_ms": 1.5,
+            "response_body": "ok", "response_truncated": False, "next_attempt_at": None,
+            "delivery_status": status, "counted": counted, "succeeded": succeeded}
+
+
+def _record_many(db: Conn, q: Queries, attempts: list[dict[str, Any]],
+                 now: Any) -> list[Any]:
+    """Each attempt's failing_since, in order."""
+    columns = {"message_id": "message_ids", "endpoint_id": "endpoint_ids",
+               "run_id": "run_ids", "trigger": "triggers", "attempt": "attempts",
+               "webhook_timestamp": "webhook_timestamps", "url": "urls",
+               "status_code": "status_codes", "error_kind": "error_kinds", "error": "errors",
+               "duration_ms": "durations_ms", "response_body": "response_bodies",
+               "response_truncated": "response_truncated",
+               "next_attempt_at": "next_attempt_ats", "delivery_status": "delivery_statuses",
+               "counted": "counted", "succeeded": "succeeded"}
+    params: dict[str, Any] = {plural: [a[name] for a in attempts]
+                              for name, plural in columns.items()}
+    rows = db.execute(q.webhook_attempt_record_many, {**params, "now": now}).fetchall()
+    assert sorted(r["ord"] for r in rows) == list(range(1, len(attempts) + 1))
+    return [r["failing_since"] for r in sorted(rows, key=lambda r: r["ord"])]
+
+
 def _record(db: Conn, q: Queries, message_id: str, endpoint_id: Any, *, succeeded: bool,
             now: Any, status: str | None, counted: int = 1) -> dict[str, Any]:
-    row = db.execute(q.webhook_attempt_record, {
-        "message_id": message_id, "endpoint_id": endpoint_id, "run_id": None,
-        "trigger": "scheduled", "attempt": 1, "webhook_timestamp": 1, "url": "u",
-        "status_code": 200 if succeeded else 500, "error_kind": None, "error": None,
-        "duration_ms": 1.5, "response_body": "ok", "response_truncated": False,
-        "next_attempt_at": None, "delivery_status": status, "counted": counted,
-        "succeeded": succeeded, "now": now}).fetchone()
-    assert row is not None
-    return row
+    attempt = _attempt(message_id, endpoint_id, succeeded=succeeded, status=status,
+                       counted=counted)
+    return {"failing_since": _record_many(db, q, [attempt], now)[0]}
 
 
 def test_endpoints_are_inserted_listed_updated_disabled_enabled_and_deleted(
@@ -137,14 +159,16 @@ def test_load_reads_message_endpoint_delivery_and_valid_secrets_in_one_row(
         db: Conn, q: Queries) -> None:
     endpoint = _endpoint(db, q)
     sent = _send(db, q)
-    row = db.execute(q.webhook_delivery_load, {"message_id": sent["message_id"],
-                                               "endpoint_id": endpoint, "now": T0}).fetchone()
-    assert row is not None
+    other = _send(db, q)
+    keys = {"message_ids": [sent["message_id"], "msg_missing", other["message_id"]],
+            "endpoint_ids": [endpoint, endpoint, endpoint], "now": T0}
+    rows = db.execute(q.webhook_delivery_load_many, keys).fetchall()
+    assert sorted((r["ord"], r["message_id"]) for r in rows) == [
+        (1, sent["message_id"]), (3, other["message_id"])]
+    row = rows[0]
     assert (row["status"], row["attempts"], len(row["ciphertexts"])) == ("pending", 0, 1)
     db.execute("UPDATE notifyq.webhook_secret SET expires_at = %s", (T0,))
-    row = db.execute(q.webhook_delivery_load, {"message_id": sent["message_id"],
-                                               "endpoint_id": endpoint, "now": T0}).fetchone()
-    assert row is not None
+    row = db.execute(q.webhook_delivery_load_many, keys).fetchall()[0]
     assert (row["secret_ids"], row["ciphertexts"]) == ([], [])
 
 
@@ -166,6 +190,41 @@ def test_recording_attempts_tracks_the_failure_streak_and_the_delivery(
     attempts = db.execute(q.webhook_attempt_list, {"message_id": message, "limit": 10}
                           ).fetchall()
     assert [a["status_code"] for a in attempts] == [500, 500, 200]
+
+
+def test_a_batch_of_attempts_updates_each_delivery_once_and_its_last_outcome_decides(
+        db: Conn, q: Queries) -> None:
+    a, b = _endpoint(db, q), _endpoint(db, q)
+    first, second = _send(db, q)["message_id"], _send(db, q)["message_id"]
+    since = _record_many(db, q, [
+        _attempt(first, a, succeeded=False, status="pending"),
+        _attempt(second, a, succeeded=False, status="pending"),
+        _attempt(first, b, succeeded=False, status="pending"),
+        _attempt(first, a, succeeded=False, status=None, counted=0),  # a manual resend
+    ], T0)
+    assert since == [T0, T0, T0, T0]
+    deliveries = {(r["message_id"], r["endpoint_id"]): r for r in db.execute(
+        "SELECT * FROM notifyq.webhook_delivery").fetchall()}
+    assert deliveries[(first, a)]["attempts"] == 1
+    assert deliveries[(first, a)]["status"] == "pending"
+    assert db.execute("SELECT count(*) AS n FROM notifyq.webhook_attempt").fetchone() == {
+        "n": 4}
+
+    # Later: on a, a failure then a success (the success is last: the streak ends); on b, a
+    # success then a failure (the streak restarts now, not at T0).
+    later = T0 + timedelta(hours=1)
+    since = _record_many(db, q, [
+        _attempt(second, a, succeeded=False, status="pending"),
+        _attempt(first, b, succeeded=True, status="succeeded"),
+        _attempt(first, a, succeeded=True, status="succeeded"),
+        _attempt(second, b, succeeded=False, status="pending"),
+    ], later)
+    assert since == [None, None, None, later]
+    streaks = {r["id"]: r["failing_since"] for r in db.execute(
+        "SELECT id, failing_since FROM notifyq.webhook_endpoint").fetchall()}
+    assert (streaks[a], streaks[b]) == (None, later)
+    assert db.execute("SELECT status FROM notifyq.webhook_delivery WHERE message_id = %s "
+                      "AND endpoint_id = %s", (first, b)).fetchone() == {"status": "succeeded"}
 
 
 def test_cancel_pending_stops_the_endpoints_deliveries_and_their_waiting_runs(

@@ -1,0 +1,120 @@
+"""Concurrent callers' single items, executed as one batch (group commit, without a task).
+
+A caller that finds no batch in flight runs one at once, with everything queued so far (up to
+``batch_max``); callers arriving meanwhile queue up, and the first of them leads the next batch
+when the current one ends. At idle an item goes alone and at once; under load a batch grows
+with the time the previous one took. There is no background task to start or stop: the callers
+themselves take turns (structured concurrency, nothing outlives them).
+
+A leader's batch runs shielded from its caller's cancellation (the others are waiting on it)
+under ``timeout_s``. When a batch raises one of ``split_on`` (errors that one bad item can
+cause, like a foreign key violation), its items are run again one by one, so only the bad one
+fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import anyio
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(eq=False)
+class _Entry(Generic[T, R]):
+    item: T
+    turn: anyio.Event = field(default_factory=anyio.Event)
+    finished: bool = False
+    result: R | None = None
+    error: BaseException | None = None
+
+    def finish(self, result: R | None = None, error: BaseException | None = None) -> None:
+        self.result, self.error, self.finished = result, error, True
+        self.turn.set()
+
+
+class Batcher(Generic[T, R]):
+    """``await batcher.submit(item)`` returns that item's result from ``execute(items)``, which
+    must return one result per item, in order."""
+
+    def __init__(self, execute: Callable[[list[T]], Awaitable[Sequence[R]]], *,
+                 batch_max: int = 100, timeout_s: float = 30.0,
+                 split_on: tuple[type[BaseException], ...] = ()) -> None:
+        if batch_max < 1:
+            raise ValueError(f"batch_max must be at least 1, got {batch_max}")
+        self._execute = execute
+        self._batch_max = batch_max
+        self._timeout_s = timeout_s
+        self._split_on = split_on
+        self._queue: list[_Entry[T, R]] = []
+        self._busy = False
+        self.batches = 0
+
+    async def submit(self, item: T) -> R:
+        entry: _Entry[T, R] = _Entry(item)
+        self._queue.append(entry)
+        try:
+            while not entry.finished:
+                if self._busy:
+                    await entry.turn.wait()
+                    if not entry.finished:
+                        entry.turn = anyio.Event()
+                    continue
+                await self._lead()
+        except BaseException:
+            if entry in self._queue:  # left before its batch started: it is not run
+                self._queue.remove(entry)
+            self._pass_turn()
+            raise
+        if entry.error is not None:
+            raise entry.error
+        return entry.result  # type: ignore[return-value]  # set by finish() with R
+
+    def _pass_turn(self) -> None:
+        if not self._busy and self._queue:
+            self._queue[0].turn.set()
+
+    async def _lead(self) -> None:
+        self._busy = True
+        batch, self._queue = self._queue[:self._batch_max], self._queue[self._batch_max:]
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._run(batch)
+        finally:
+            for entry in batch:
+                if not entry.finished:  # only a BaseException escaping _run gets here
+                    entry.finish(error=RuntimeError("the batch was interrupted"))
+            self._busy = False
+            self._pass_turn()
+
+    async def _run(self, batch: list[_Entry[T, R]]) -> None:
+        try:
+            results = await self._call([e.item for e in batch])
+        except self._split_on as exc:
+            if len(batch) == 1:
+                batch[0].finish(error=exc)
+                return
+            for entry in batch:
+                try:
+                    entry.finish((await self._call([entry.item]))[0])
+                except Exception as alone:  # handed to that item's caller
+                    entry.finish(error=alone)
+            return
+        except Exception as exc:  # handed to every caller
+            for entry in batch:
+                entry.finish(error=exc)
+            return
+        for entry, result in zip(batch, results, strict=True):
+            entry.finish(result)
+
+    async def _call(self, items: list[T]) -> Sequence[R]:
+        with anyio.fail_after(self._timeout_s):
+            results = await self._execute(items)
+        self.batches += 1
+        if len(results) != len(items):
+            raise RuntimeError(f"a batch of {len(items)} returned {len(results)} results")
+        return results

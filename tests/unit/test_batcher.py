@@ -1,0 +1,129 @@
+"""The Batcher: concurrent single items become batches, results go back to their callers, a bad
+item fails alone, and cancellation neither loses nor stalls anyone."""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from notifyq.db.batcher import Batcher
+
+pytestmark = pytest.mark.anyio
+
+
+class Doubler:
+    """Doubles each item after a checkpoint; records the batches it was given."""
+
+    def __init__(self, gate: anyio.Event | None = None) -> None:
+        self.batches: list[list[int]] = []
+        self.gate = gate
+
+    async def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        if self.gate is not None:
+            await self.gate.wait()
+        await anyio.lowlevel.checkpoint()
+        if 13 in items:
+            raise ValueError("13 is unlucky")
+        return [i * 2 for i in items]
+
+
+async def gather(batcher: Batcher[int, int], items: list[int]) -> dict[int, object]:
+    results: dict[int, object] = {}
+
+    async def one(item: int) -> None:
+        try:
+            results[item] = await batcher.submit(item)
+        except Exception as exc:
+            results[item] = exc
+
+    async with anyio.create_task_group() as tg:
+        for item in items:
+            tg.start_soon(one, item)
+    return results
+
+
+async def test_an_item_alone_goes_at_once_and_concurrent_ones_share_a_batch() -> None:
+    execute = Doubler()
+    batcher = Batcher(execute, batch_max=100)
+    assert await batcher.submit(5) == 10
+    results = await gather(batcher, list(range(1, 11)))
+    assert results == {i: i * 2 for i in range(1, 11)}
+    # The first caller leads alone; the nine queued behind it go together.
+    assert execute.batches == [[5], [1], list(range(2, 11))]
+
+
+async def test_batches_are_capped_at_batch_max() -> None:
+    execute = Doubler()
+    results = await gather(Batcher(execute, batch_max=4), list(range(1, 11)))
+    assert results == {i: i * 2 for i in range(1, 11)}
+    assert [len(b) for b in execute.batches] == [1, 4, 4, 1]
+
+
+async def test_an_error_fails_the_whole_batch_unless_it_is_one_to_split_on() -> None:
+    whole = await gather(Batcher(Doubler()), [1, 2, 13, 4])
+    assert whole[1] == 2  # led alone, before the others queued
+    assert all(isinstance(whole[i], ValueError) for i in (2, 13, 4))
+
+    execute = Doubler()
+    split = await gather(Batcher(execute, split_on=(ValueError,)), [1, 2, 13, 4])
+    assert (split[1], split[2], split[4]) == (2, 4, 8)
+    assert isinstance(split[13], ValueError)
+    assert execute.batches == [[1], [2, 13, 4], [2], [13], [4]]
+
+
+async def test_a_cancelled_leader_still_finishes_the_batch_for_the_others() -> None:
+    gate = anyio.Event()
+    execute = Doubler(gate)
+    batcher = Batcher(execute)
+    results: dict[int, int] = {}
+
+    async def one(item: int) -> None:
+        results[item] = await batcher.submit(item)
+
+    async with anyio.create_task_group() as tg:
+        leader = anyio.CancelScope()
+        tg.start_soon(_cancellable, leader, batcher, 1)
+        await anyio.sleep(0.01)
+        tg.start_soon(one, 2)
+        tg.start_soon(one, 3)
+        await anyio.sleep(0.01)
+        leader.cancel()
+        gate.set()
+    assert results == {2: 4, 3: 6}
+    assert execute.batches == [[1], [2, 3]]
+
+
+async def _cancellable(scope: anyio.CancelScope, batcher: Batcher[int, int], item: int) -> None:
+    with scope:
+        await batcher.submit(item)
+
+
+async def test_a_caller_cancelled_while_queued_is_not_run_and_the_queue_moves_on() -> None:
+    gate = anyio.Event()
+    execute = Doubler(gate)
+    batcher = Batcher(execute)
+    results: dict[int, int] = {}
+
+    async def one(item: int) -> None:
+        results[item] = await batcher.submit(item)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, 1)  # leads; held at the gate
+        await anyio.sleep(0.01)
+        queued = anyio.CancelScope()
+        tg.start_soon(_cancellable, queued, batcher, 99)  # queued behind the gate
+        await anyio.sleep(0.01)
+        queued.cancel()
+        await anyio.sleep(0.01)
+        tg.start_soon(one, 7)
+        await anyio.sleep(0.01)
+        gate.set()
+    assert results == {1: 2, 7: 14}
+    assert execute.batches == [[1], [7]]
+
+
+async def test_batch_max_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="batch_max must be at least 1, got 0"):
+        Batcher(Doubler(), batch_max=0)
