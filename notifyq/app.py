@@ -17,6 +17,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from notifyq.bulk import Batch
 from notifyq.clock import Clock, SystemClock
 from notifyq.control import RunControl, Stats
 from notifyq.db import migrate as migrations
@@ -312,17 +313,17 @@ class App:
                            conn: psycopg.AsyncConnection[Any] | None = None) -> list[Run]:
         """Enqueue many runs in one transaction and one statement, with one NOTIFY per pool.
         Returns the runs in the order given."""
-        prepared = [self._prepare(r) for r in coerce_requests(items)]
-        if not prepared:
+        batch = self._batch(coerce_requests(items))
+        if not batch:
             return []
         if conn is not None:
             async with conn.transaction():
-                runs = await self._insert_many(conn, prepared)
+                runs = await self._insert_many(conn, batch)
                 await self._notify_pools(conn, {r.pool for r in runs})
             return runs
         db = await self.pool()
         async with db.connection() as own, own.transaction():
-            runs = await self._insert_many(own, prepared)
+            runs = await self._insert_many(own, batch)
         await self._wake({r.pool for r in runs})
         return runs
 
@@ -360,6 +361,25 @@ class App:
                 **_policy_fields(spec, request))
         return prepare(request, self.settings.max_input_bytes)
 
+    def _batch(self, requests: list[EnqueueRequest]) -> Batch:
+        """Validate every request (the first bad one raises), as :meth:`_prepare` would, but
+        without copying the plain ones: a handler's defaults travel beside the request."""
+        batch = Batch(self.settings.max_input_bytes)
+        for request in requests:
+            job_type = request.job_type
+            spec = self.registry.get(job_type) if isinstance(job_type, str) else None
+            if request.needs_locks or (spec is not None and _has_policies(spec)):
+                batch.add_prepared(self._prepare(request))
+            elif spec is None:
+                batch.add(request, (request.pool, request.priority, request.max_attempts))
+            else:
+                batch.add(request, (
+                    spec.pool if request.pool is None else request.pool,
+                    spec.priority if request.priority is None else request.priority,
+                    spec.retry.attempts if request.max_attempts is None
+                    else request.max_attempts))
+        return batch
+
     async def _enqueue_on(self, conn: psycopg.AsyncConnection[Any], prepared: Prepared, *,
                           notify: bool) -> Run:
         with _enqueue_errors():
@@ -372,29 +392,30 @@ class App:
             cur.execute(self.queries.job_run_enqueue, prepared.params(notify=True))
             return _enqueued(cur.fetchone())
 
-    async def _insert_many(self, conn: psycopg.AsyncConnection[Any],
-                           prepared: list[Prepared]) -> list[Run]:
-        plain = [p for p in prepared if not p.request.needs_locks]
-        by_id: dict[UUID, Run] = {}
+    async def _insert_many(self, conn: psycopg.AsyncConnection[Any], batch: Batch) -> list[Run]:
+        plain: list[Run] = []
+        if batch.requests:
+            ids, params = batch.params()
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(self.queries.job_run_insert_bulk, params)
+                summary = await cur.fetchall()
+            if summary[0]["inserted"] < len(ids):  # the caller's transaction (or ours) rolls
+                raise await self._first_too_large(conn, batch.inputs)  # the batch back
+            plain = batch.runs(ids, summary)
+        return [await self._enqueue_on(conn, at, notify=False) if isinstance(at, Prepared) else at
+                for at in batch.order(plain)]
+
+    async def _first_too_large(self, conn: psycopg.AsyncConnection[Any],
+                               inputs: list[str]) -> PayloadTooLarge:
+        """The bulk insert left rows out: the first input too large as the database prints it
+        (an error path: one round trip per input until found)."""
         async with conn.cursor(row_factory=dict_row) as cur:
-            if plain:
-                rows = "[" + ",".join(p.record() for p in plain) + "]"
-                await cur.execute(self.queries.job_run_insert_many, {
-                    "rows": rows, "notify": False, "channel": self.queries.schema})
-                inputs = {p.id: p.request.input for p in plain}
-                for row in await cur.fetchall():
-                    row["input"] = inputs[row["id"]]
-                    by_id[row["id"]] = Run.from_row(row)
-                left_out = [p for p in plain if p.id not in by_id]
-                if left_out:  # the caller's transaction (or ours) rolls the batch back
-                    raise await self._too_large(conn, left_out[0])
-        runs = []
-        for p in prepared:
-            if not p.request.needs_locks:
-                runs.append(by_id[p.id])
-            else:
-                runs.append(await self._enqueue_on(conn, p, notify=False))
-        return runs
+            for text in inputs:
+                await cur.execute(self.queries.job_run_input_size, {"input": text})
+                row = await cur.fetchone()
+                if row is not None and row["size"] > MAX_INPUT_BYTES:
+                    return PayloadTooLarge(int(row["size"]), MAX_INPUT_BYTES)
+        raise RuntimeError("the bulk insert left a run out, yet no input is too large")
 
     async def _notify_pools(self, conn: psycopg.AsyncConnection[Any], pools: set[str]) -> None:
         await conn.execute(self.queries.job_run_notify, {
@@ -508,6 +529,10 @@ def _enqueued(row: dict[str, Any] | None) -> Run:
     if row is None:  # pragma: no cover - _enqueue always returns a row
         raise RuntimeError("enqueue returned no row")
     return Run.from_row(row)
+
+
+def _has_policies(spec: HandlerSpec) -> bool:
+    return spec.concurrency is not None or spec.dedupe is not None or spec.scope is not None
 
 
 def _policy_fields(spec: HandlerSpec, request: EnqueueRequest) -> dict[str, Any]:

@@ -14,9 +14,11 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
+from itertools import repeat
 from typing import Any
 
 from notifyq.errors import ConcurrencyRejected, InvalidEnqueue, PayloadTooLarge
@@ -26,6 +28,8 @@ POOL = re.compile(r"^[a-z0-9_][a-z0-9_.:-]{0,63}$")
 MAX_INPUT_BYTES = 65_536
 PRIORITY_RANGE = (-1000, 1000)
 MAX_ATTEMPTS_RANGE = (1, 1000)
+_PRIORITY_MIN, _PRIORITY_MAX = PRIORITY_RANGE
+_ATTEMPTS_MIN, _ATTEMPTS_MAX = MAX_ATTEMPTS_RANGE
 RUN_AT_RANGE = (datetime(2000, 1, 1, tzinfo=UTC), datetime(3000, 1, 1, tzinfo=UTC))
 MAX_TAGS = 32
 MAX_TAG_LEN = 128
@@ -37,11 +41,32 @@ CONCURRENCY_REJECTED = "NQ409"
 def new_run_id() -> uuid.UUID:
     """A UUIDv7 run id (RFC 9562): Unix milliseconds, version 7, variant, random bits — the
     layout of the SQL ``uuid7()``, so ids sort by creation time whoever made them."""
+    return new_run_ids(1)[0]
+
+
+_UUID7_RANDOM = 0xFFF << 64 | (1 << 62) - 1
+"""The 74 bits of a UUIDv7 that are random: rand_a (12) and rand_b (62)."""
+_new_object = object.__new__
+_set_uuid_int = uuid.UUID.__dict__["int"].__set__
+_set_uuid_is_safe = uuid.UUID.__dict__["is_safe"].__set__
+
+
+def new_run_ids(n: int) -> list[uuid.UUID]:
+    """``n`` UUIDv7 run ids of this millisecond, from one ``os.urandom`` call.
+
+    ``UUID(int=...)`` costs ~1.5 us an id in its argument checks, and a call of
+    :func:`new_run_id` each ~2.6 us; a batch of 1,000 costs ~0.7 us an id here. The UUIDs are
+    built the way ``UUID.__init__`` ends (its two slots set directly), from values that are
+    valid by construction."""
     millis = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")  # 80 random bits, 74 of them used
-    value = (millis & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | (rand >> 62 & 0xFFF) << 64
-    value |= 0b10 << 62 | rand & (1 << 62) - 1
-    return uuid.UUID(int=value)
+    head = (millis & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | 0b10 << 62
+    rand = os.urandom(10 * n)  # 80 random bits an id, 74 of them used
+    values = [head | int.from_bytes(rand[i:i + 10], "big") & _UUID7_RANDOM
+              for i in range(0, 10 * n, 10)]
+    ids: list[uuid.UUID] = list(map(_new_object, repeat(uuid.UUID, n)))
+    deque(map(_set_uuid_int, ids, values), maxlen=0)
+    deque(map(_set_uuid_is_safe, ids, repeat(uuid.SafeUUID.unknown, n)), maxlen=0)
+    return ids
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,26 +128,53 @@ class Prepared:
             "scope_entity_type": r.scope_entity_type, "scope_entity_id": r.scope_entity_id,
             "tenant_id": r.tenant_id,
         }
-        head = json.dumps(fields_, separators=(",", ":"))
+        # Null keys left out: jsonb_to_recordset reads a missing key as NULL, and parses each
+        # key it is sent (~0.25 us of server time a key).
+        head = json.dumps({k: v for k, v in fields_.items() if v is not None},
+                          separators=(",", ":"))
         return f'{head[:-1]},"input":{self.input_json}}}'
 
 
 def prepare(request: EnqueueRequest, max_input_bytes: int = MAX_INPUT_BYTES) -> Prepared:
     """Validate a request; raise InvalidEnqueue naming the problem."""
-    _check_type(request.job_type)
-    input_json = encode_input(request.input, max_input_bytes)
-    pool = request.pool
-    if pool is not None and not (isinstance(pool, str) and POOL.match(pool)):
-        raise InvalidEnqueue(f"invalid pool {request.pool!r}: it must match {POOL.pattern}")
-    _check_range("priority", request.priority, PRIORITY_RANGE)
-    _check_range("max_attempts", request.max_attempts, MAX_ATTEMPTS_RANGE)
-    _check_run_at(request.run_at)
-    _check_tags(request.tags)
-    key = request.dedupe_key
+    input_json = check_request(request, pool=request.pool, priority=request.priority,
+                               max_attempts=request.max_attempts, max_input_bytes=max_input_bytes)
+    return Prepared(request, input_json, new_run_id())
+
+
+def check_request(request: EnqueueRequest, *, pool: str | None, priority: int | None,
+                  max_attempts: int | None, max_input_bytes: int = MAX_INPUT_BYTES,
+                  encode: Callable[[Any], str] | None = None) -> str:
+    """:func:`prepare`'s checks, in its order, with ``pool``, ``priority`` and ``max_attempts``
+    given apart (bulk enqueue fills a handler's defaults in without copying the request);
+    returns the input serialized. ``encode`` is a batch's :func:`input_encoder`."""
+    # Each check accepts the common case inline and leaves the rest (and the message) to its
+    # function: ~1 us less a request in bulk.
+    job_type = request.job_type
+    if not (type(job_type) is str and JOB_TYPE.fullmatch(job_type)):
+        _check_type(job_type)
+    input_json = encode_input(request.input, max_input_bytes, encode)
+    if pool is not None and not (isinstance(pool, str) and POOL.fullmatch(pool)):
+        raise InvalidEnqueue(f"invalid pool {pool!r}: it must match {POOL.pattern}")
+    if priority is not None and not (
+            type(priority) is int and _PRIORITY_MIN <= priority <= _PRIORITY_MAX):
+        _check_range("priority", priority, PRIORITY_RANGE)
+    if max_attempts is not None and not (
+            type(max_attempts) is int and _ATTEMPTS_MIN <= max_attempts <= _ATTEMPTS_MAX):
+        _check_range("max_attempts", max_attempts, MAX_ATTEMPTS_RANGE)
+    r = request
+    if (r.run_at is None and r.tags is None and r.dedupe_key is None and r.tenant_id is None
+            and r.concurrency_key is None and r.concurrency_collision is None
+            and r.concurrency_limit is None and r.dedupe_window_s is None
+            and r.scope_entity_type is None and r.scope_entity_id is None):
+        return input_json  # nothing more to check: the common case, ~1 us less a request
+    _check_run_at(r.run_at)
+    _check_tags(r.tags)
+    key = r.dedupe_key
     if key is not None and (not isinstance(key, str) or not 0 < len(key) <= MAX_DEDUPE_KEY_LEN):
         raise InvalidEnqueue(f"dedupe_key must be a string of 1 to {MAX_DEDUPE_KEY_LEN} characters")
-    _check_durable(request)
-    return Prepared(request, input_json, new_run_id())
+    _check_durable(r)
+    return input_json
 
 
 def _check_durable(request: EnqueueRequest) -> None:
@@ -139,22 +191,53 @@ def _check_durable(request: EnqueueRequest) -> None:
         raise InvalidEnqueue(f"dedupe_window_s must be a positive number, got {window!r}")
 
 
-def encode_input(value: Any, max_input_bytes: int = MAX_INPUT_BYTES) -> str:
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
+def input_encoder() -> Callable[[Any], str]:
+    """``json.dumps(value, ensure_ascii=False, allow_nan=False)`` for one batch of inputs.
+
+    ``json.dumps`` builds an encoder at every call: 2.1 us for a small object against 0.9 us
+    for the C encoder built once (json's own ``c_make_encoder``, with the same arguments
+    ``JSONEncoder.iterencode`` gives it). One per batch, never shared: its circular-reference
+    markers are not safe across threads."""
+    make: Callable[..., Callable[[Any, int], list[str]]] | None = getattr(
+        json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - an interpreter without the _json accelerator
+        return _ENCODER.encode
+    try:
+        encoder = make({}, _ENCODER.default, json.encoder.encode_basestring, None,
+                       _ENCODER.key_separator, _ENCODER.item_separator, False, False, False)
+    except TypeError:  # pragma: no cover - another signature in another Python version
+        return _ENCODER.encode
+    join = "".join
+
+    def encode(value: Any) -> str:
+        return join(encoder(value, 0))
+    return encode
+
+
+def encode_input(value: Any, max_input_bytes: int = MAX_INPUT_BYTES,
+                 encode: Callable[[Any], str] | None = None) -> str:
     """Serialize a run's input; it must be a JSON object or array within the size limit."""
-    if not isinstance(value, Mapping | list | tuple):
+    if type(value) is not dict and not isinstance(value, Mapping | list | tuple):
         raise InvalidEnqueue(
             f"input must be a JSON object or array, got {type(value).__name__}")
     try:
         # Default separators (", ", ": ") are jsonb's text form, which the SQL function and
         # the database measure: compact JSON would let [0, 0, ...] pass here at 60 KB and be
         # refused there at 90 KB.
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        text = (encode or _ENCODER.encode)(value)
     except (TypeError, ValueError) as exc:
         raise InvalidEnqueue(f"input is not JSON-serializable: {exc}") from None
-    problem = jsonb_problem(text)
-    if problem:
-        raise InvalidEnqueue(f"input contains {problem}, which PostgreSQL's jsonb cannot store")
-    size = len(text.encode())
+    if text.isascii() and "\\u0000" not in text:  # the common case: nothing jsonb refuses,
+        size = len(text)                           # and as many bytes as characters
+    else:
+        problem = jsonb_problem(text)
+        if problem:
+            raise InvalidEnqueue(
+                f"input contains {problem}, which PostgreSQL's jsonb cannot store")
+        size = len(text.encode())
     if size > max_input_bytes:
         raise PayloadTooLarge(size, max_input_bytes)
     return text
@@ -193,16 +276,35 @@ def coerce_requests(items: Iterable[EnqueueRequest | Mapping[str, Any]]) -> list
     for index, item in enumerate(items):
         if isinstance(item, EnqueueRequest):
             out.append(item)
-            continue
-        try:
-            out.append(EnqueueRequest(**item))
-        except TypeError as exc:
-            raise InvalidEnqueue(f"item {index}: {exc}") from None
+        elif type(item) is dict and "job_type" in item and item.keys() <= _REQUEST_FIELDS:
+            out.append(_request_of(item))
+        else:
+            try:
+                out.append(EnqueueRequest(**item))
+            except TypeError as exc:
+                raise InvalidEnqueue(f"item {index}: {exc}") from None
     return out
 
 
+_REQUEST_FIELDS = frozenset(f.name for f in fields(EnqueueRequest))
+_REQUEST_SLOTS = tuple((f.name, EnqueueRequest.__dict__[f.name].__set__)
+                       for f in fields(EnqueueRequest) if f.name != "input")
+_set_request_input = EnqueueRequest.__dict__["input"].__set__
+
+
+def _request_of(item: dict[str, Any]) -> EnqueueRequest:
+    """``EnqueueRequest(**item)`` for a dict of known keys: 2.8 -> 1.7 us, its slots set
+    directly (the dataclass has no ``__post_init__``); anything else goes through the
+    constructor, for its errors."""
+    request: EnqueueRequest = _new_object(EnqueueRequest)
+    for name, set_slot in _REQUEST_SLOTS:
+        set_slot(request, item.get(name))
+    _set_request_input(request, item.get("input", {}))
+    return request
+
+
 def _check_type(job_type: object) -> None:
-    if not isinstance(job_type, str) or not JOB_TYPE.match(job_type):
+    if not isinstance(job_type, str) or not JOB_TYPE.fullmatch(job_type):
         raise InvalidEnqueue(f"invalid job type {job_type!r}: it must match {JOB_TYPE.pattern}")
 
 

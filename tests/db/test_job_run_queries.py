@@ -85,6 +85,44 @@ def test_job_run_insert_many_inserts_every_row_with_definition_defaults(db: Conn
     assert stored.fetchone() == {"input": {"i": 1}}
 
 
+def test_job_run_insert_bulk_inserts_compact_records_and_returns_the_definitions_applied(
+        db: Conn, q: Queries) -> None:
+    db.execute(q.job_upsert, {**DEFINITION, "type": "t.def", "version": 2, "pool": "p1",
+                              "priority": 5, "max_attempts": 3, "timeout_s": 1.5})
+    ids = [uuid4() for _ in range(3)]
+    records = [{"id": ids[0].hex, "job_type": "t.def", "input": {"i": 0}},  # keys left out
+               {"id": str(ids[1]), "job_type": "t.plain", "tags": ["b"], "input": [1]},
+               {"id": ids[2].hex, "job_type": "t.def", "priority": 1, "input": {"i": 2}}]
+    with db.transaction():  # now() is the transaction's
+        summary = db.execute(q.job_run_insert_bulk, {
+            "rows": json.dumps(records), "types": ["t.def", "t.plain"]}).fetchall()
+        now = db.execute("SELECT now() AS now").fetchone()
+    assert now is not None
+    assert [(s["type"], s["pool"], s["priority_default"], s["max_attempts"], s["timeout_s"])
+            for s in summary] == [("t.def", "p1", 5, 3, 1.5), ("t.plain", None, None, None, None)]
+    assert {(s["inserted"], s["now"]) for s in summary} == {(3, now["now"])}
+    rows = {r["id"]: r for r in db.execute(
+        "SELECT id, job_version, pool, priority, max_attempts, timeout_s, tags, input, run_at, "
+        "created_at FROM notifyq.job_run").fetchall()}
+    first, plain, third = (rows[i] for i in ids)
+    assert (first["job_version"], first["pool"], first["priority"], first["max_attempts"],
+            first["timeout_s"], first["tags"]) == (2, "p1", 5, 3, 1.5, [])
+    assert (plain["pool"], plain["priority"], plain["max_attempts"], plain["tags"],
+            plain["input"]) == ("default", 0, 25, ["b"], [1])
+    assert third["priority"] == 1
+    assert first["run_at"] == first["created_at"] == now["now"]
+
+
+def test_job_run_insert_bulk_leaves_out_an_input_too_large_as_jsonb_prints_it(
+        db: Conn, q: Queries) -> None:
+    records = [{"id": str(uuid4()), "job_type": "t.a", "input": {"n": [1e300] * 250}},
+               {"id": str(uuid4()), "job_type": "t.a", "input": {"n": 1}}]
+    summary = db.execute(q.job_run_insert_bulk, {
+        "rows": json.dumps(records), "types": ["t.a"]}).fetchall()
+    assert [s["inserted"] for s in summary] == [1]
+    assert count(db) == 1
+
+
 def test_job_run_notify_sends_one_notification_per_payload(dsn: str, db: Conn,
                                                            q: Queries) -> None:
     with psycopg.connect(dsn, autocommit=True) as listener:

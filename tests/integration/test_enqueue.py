@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import anyio
 import psycopg
 import pytest
 
-from notifyq import App, EnqueueRequest, InvalidEnqueue, JobContext, PayloadTooLarge, RunStatus
+from notifyq import (
+    App,
+    EnqueueRequest,
+    InvalidEnqueue,
+    JobContext,
+    PayloadTooLarge,
+    RetryPolicy,
+    RunStatus,
+    Scope,
+)
 from tests.conftest import fast_settings
 from tests.integration.inproc import fetch, run_row, running, scalar, status_becomes
 from tests.support import eventually
@@ -154,6 +166,54 @@ async def test_enqueue_many_runs_everything_and_an_empty_list_is_a_no_op(app: Ap
         await eventually(done)
     assert sorted(s[0] for s in seen) == list(range(20))
     assert (await app.get_run(runs[5].id)).output == [5]
+
+
+async def test_enqueue_many_returns_the_runs_as_stored(app: App) -> None:
+    # The bulk statement sends no row back: the runs are built from what it applied. They must
+    # equal what the database holds (updated_at aside, which runs without keys never carried).
+    @app.handler("t.handler", retry=RetryPolicy(attempts=3), pool="mail", priority=-7)
+    async def handler(ctx: JobContext) -> None: ...
+
+    @app.handler("t.scoped", scope=Scope("order", id_from="{order}"))
+    async def scoped(ctx: JobContext) -> None: ...
+
+    await fetch(app, "INSERT INTO notifyq.job (type, version, pool, priority_default, "
+                     "max_attempts, timeout_s) VALUES ('t.stored', 4, 'slow', 3, 7, 12.5) "
+                     "RETURNING type")
+    later = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=ZoneInfo("Asia/Kolkata"))
+    runs = await app.enqueue_many([
+        {"job_type": "t.stored", "input": {"i": 0}},
+        {"job_type": "t.stored", "input": {"i": 1}, "pool": "fast", "max_attempts": 2},
+        {"job_type": "t.handler", "input": {"i": 2}},
+        {"job_type": "t.handler", "input": [3], "priority": 9, "tags": ("a", "b")},
+        {"job_type": "t.unknown", "input": {"i": 4}, "run_at": later, "tenant_id": "acme"},
+        {"job_type": "t.scoped", "input": {"order": "o-5"}},
+        {"job_type": "t.handler", "input": {"i": 6}, "dedupe_key": "d"},
+        {"job_type": "t.unknown", "input": {"é": "ü"}, "scope_entity_type": "user",
+         "scope_entity_id": "u-7"},
+    ])
+    stored = [await app.get_run(r.id) for r in runs]
+    assert runs == [s if s.dedupe_key else dataclasses.replace(s, updated_at=None)
+                    for s in stored]
+    assert [r.input for r in runs] == [{"i": 0}, {"i": 1}, {"i": 2}, [3], {"i": 4},
+                                       {"order": "o-5"}, {"i": 6}, {"é": "ü"}]
+    assert (runs[0].pool, runs[0].priority, runs[0].max_attempts, runs[0].timeout_s) == (
+        "slow", 3, 7, 12.5)
+    assert (runs[2].pool, runs[2].priority, runs[2].max_attempts) == ("mail", -7, 3)
+    assert runs[4].run_at == later
+    assert runs[4].run_at.tzinfo == runs[0].run_at.tzinfo  # as the database sends it
+    assert runs[3].tags == ["a", "b"]
+    assert runs[0].tags is not runs[1].tags
+
+
+async def test_enqueue_many_refuses_an_input_the_database_measures_as_too_large(
+        app: App) -> None:
+    with pytest.raises(PayloadTooLarge, match="the limit is 65536 bytes") as info:
+        await app.enqueue_many([{"job_type": "t.echo", "input": {"n": 1}},
+                                {"job_type": "t.echo", "input": {"n": [1e300] * 250}},
+                                {"job_type": "t.echo", "input": {"n": [1e300] * 300}}])
+    assert 65_536 < info.value.size < 80_000  # the first one left out, in the order given
+    assert await _count(app) == 0
 
 
 async def test_enqueue_many_with_one_bad_item_writes_nothing(app: App) -> None:
