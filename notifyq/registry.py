@@ -81,9 +81,9 @@ class Registry:
                  concurrency: ConcurrencyPolicy | None = None,
                  dedupe: DedupePolicy | None = None, scope: Scope | None = None,
                  replay_from: ReplayFrom = "last_step") -> HandlerSpec:
-        if not JOB_TYPE.match(job_type):
+        if not JOB_TYPE.fullmatch(job_type):
             raise ConfigError(f"invalid job type {job_type!r}: it must match {JOB_TYPE.pattern}")
-        if not POOL.match(pool):
+        if not POOL.fullmatch(pool):
             raise ConfigError(f"invalid pool {pool!r}: it must match {POOL.pattern}")
         if timeout_s is not None and timeout_s <= 0:
             raise ConfigError(f"timeout_s must be positive, got {timeout_s}")

@@ -65,7 +65,7 @@ class WorkerSettings(_Section):
     @model_validator(mode="after")
     def _check(self) -> WorkerSettings:
         for pool in self.pools:
-            if not POOL_NAME.match(pool):
+            if not POOL_NAME.fullmatch(pool):
                 raise ValueError(f"pool name {pool!r} must match {POOL_NAME.pattern}")
         if not self.pools:
             raise ValueError("pools must name at least one pool")
@@ -310,7 +310,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
-        if not SCHEMA_NAME.match(self.schema_name):
+        if not SCHEMA_NAME.fullmatch(self.schema_name):
             raise ValueError(f"schema_name {self.schema_name!r} must match {SCHEMA_NAME.pattern}")
         return self
 

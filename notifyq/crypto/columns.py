@@ -39,7 +39,7 @@ class EncryptedColumn:
         schema, dot, name = self.table.partition(".")
         for label, part in (("schema", schema), ("table", name), ("pk", self.pk),
                             ("column", self.column)):
-            if not dot or not _IDENT.match(part):
+            if not dot or not _IDENT.fullmatch(part):
                 raise ConfigError(f"encrypted column {self.table}.{self.column}: {label} "
                                   f"{part!r} is not a plain identifier (the table must be "
                                   "given as schema.table)")

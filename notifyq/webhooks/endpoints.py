@@ -67,7 +67,7 @@ def check_headers(headers: dict[str, str] | None) -> dict[str, str]:
         raise InvalidEndpoint(f"headers: at most {MAX_HEADERS}")
     out: dict[str, str] = {}
     for name, value in headers.items():
-        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
             raise InvalidEndpoint(f"headers: {name!r} is not a valid header name")
         lowered = name.lower()
         if lowered in RESERVED_HEADERS or lowered.startswith("webhook-"):
@@ -85,7 +85,7 @@ def check_event_types(event_types: list[str] | None) -> list[str] | None:
     if len(event_types) > MAX_EVENT_TYPES:
         raise InvalidEndpoint(f"event_types: at most {MAX_EVENT_TYPES}")
     for event_type in event_types:
-        if not isinstance(event_type, str) or not EVENT_TYPE.match(event_type):
+        if not isinstance(event_type, str) or not EVENT_TYPE.fullmatch(event_type):
             raise InvalidEndpoint(f"event_types: {event_type!r} must match {EVENT_TYPE.pattern}")
     return sorted(set(event_types))
 

@@ -98,6 +98,7 @@ def test_input_with_a_literal_backslash_u0000_is_accepted() -> None:
 
 @pytest.mark.parametrize("job_type", [
     "Email.send", "email send", "", "-starts-with-dash", "x" * 129, "émail", "a/b", 42, None,
+    "email.send\n",  # re's $ also matches before a final newline: the whole name must match
 ])
 def test_bad_job_types_are_refused_naming_the_pattern(job_type: object) -> None:
     with pytest.raises(InvalidEnqueue, match=r"invalid job type .*it must match"):

@@ -118,6 +118,8 @@ def test_custom_headers_cannot_override_the_signature_framing_or_host(name: str)
 def test_custom_header_values_cannot_inject_lines() -> None:
     with pytest.raises(InvalidEndpoint, match="single-line"):
         check_headers({"X-Team": "a\r\nX-Evil: 1"})
+    with pytest.raises(InvalidEndpoint, match="not a valid header name"):
+        check_headers({"X-Team\n": "a"})
     assert check_headers({"X-Team": "billing"}) == {"X-Team": "billing"}
 
 
