@@ -2,17 +2,19 @@
 
     python bench/webhooks.py [--samples 300] [--messages 4000] [--concurrency 50] [--dsn ...]
 
-Drops and recreates the scratch database ``notifyq_bench_webhooks``. The receiver is a separate
-process (a bare asyncio HTTP/1.1 server on 127.0.0.1 answering 200 at once, keep-alive) that
+Drops and recreates the scratch database ``notifyq_bench_webhooks``. Three processes, as in a
+deployment: this one sends; the worker is a real ``python -m notifyq worker`` (configured through
+``NOTIFYQ_*``: the keyring, ``webhooks.allowed_networks=127.0.0.0/8``, ``--concurrency``); the
+receiver is a bare asyncio HTTP/1.1 server on 127.0.0.1 answering 200 at once (keep-alive) that
 prints each request's ``webhook-id`` and its arrival time on CLOCK_MONOTONIC, which is shared by
-every process on the machine; the worker runs in this process (``app.run_worker``).
+every process on the machine.
 
 - ``latency``: an idle worker; one message at a time, 20-40 ms apart; latency = arrival at the
   receiver minus the moment ``app.webhooks.send(...)`` was called (so it includes the send's
   own transaction, the NOTIFY, the claim, the load + decrypt + sign, the POST and nothing
   after), and minus the moment it returned (committed). p50/p90/p99/max of each.
-- ``throughput``: N messages fanned out to 1 and to 20 endpoints, sent while the worker is
-  stopped, then drained: deliveries per second from worker start to the last arrival.
+- ``throughput``: N messages fanned out to 1 and to 20 endpoints, sent in one transaction while
+  the worker is up and idle: deliveries per second from that commit to the last arrival.
 """
 
 from __future__ import annotations
@@ -98,8 +100,38 @@ def _recreate(admin: str) -> str:
 def _app(dsn: str) -> App:
     return App(settings=Settings(
         database_url=dsn, keys=f"1:{KEY}", active_key_version=1, log_level="WARNING",
-        pool_max_size=40,
         webhooks={"allowed_networks": ["127.0.0.0/8"]}))  # type: ignore[arg-type]
+
+
+class Worker:
+    """``python -m notifyq worker`` in its own process, configured like the sender's App."""
+
+    def __init__(self, dsn: str, concurrency: int) -> None:
+        env = {**os.environ, "NOTIFYQ_DATABASE_URL": dsn, "NOTIFYQ_KEYS": f"1:{KEY}",
+               "NOTIFYQ_ACTIVE_KEY_VERSION": "1", "NOTIFYQ_LOG_LEVEL": "WARNING",
+               "NOTIFYQ_WEBHOOKS__ALLOWED_NETWORKS": "127.0.0.0/8"}
+        self.dsn = dsn
+        self.proc = subprocess.Popen([sys.executable, "-m", "notifyq", "worker",
+                                      "--concurrency", str(concurrency)], env=env)
+
+    async def ready(self) -> None:
+        """Once its listener is connected (a NOTIFY now wakes it)."""
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            while not (await (await conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = 'notifyq-listener'")).fetchone() or (0,))[0]:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the worker exited with {self.proc.returncode}")
+                await anyio.sleep(0.05)
+        await anyio.sleep(0.5)  # its producers go idle after their first (empty) claims
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 async def _wait(check: object, timeout: float = 120.0) -> None:  # noqa: ASYNC109
@@ -112,23 +144,29 @@ async def _wait(check: object, timeout: float = 120.0) -> None:  # noqa: ASYNC10
 
 async def latency(dsn: str, receiver: Receiver, samples: int) -> dict[str, dict[str, float]]:
     app = _app(dsn)
-    async with app, anyio.create_task_group() as tg:
-        await app.migrate()
+    async with app:
         await app.webhooks.create_endpoint(f"http://127.0.0.1:{receiver.port}/lat",
                                            event_types=["bench.latency"])
-        tg.start_soon(lambda: app.run_worker(concurrency=10))
-        await anyio.sleep(1.0)
-        from_call, from_commit = [], []
-        for i in range(samples + 20):
-            started = time.monotonic()
-            sent = await app.webhooks.send("bench.latency", {"i": i})
-            committed = time.monotonic()
-            await _wait(lambda sent=sent: sent.id in receiver.arrivals)
-            if i >= 20:  # warm-up excluded
-                from_call.append((receiver.arrivals[sent.id] - started) * 1000)
-                from_commit.append((receiver.arrivals[sent.id] - committed) * 1000)
-            await anyio.sleep(0.02 + 0.02 * (i % 2))
-        tg.cancel_scope.cancel()
+        worker = Worker(dsn, 10)
+        try:
+            await worker.ready()
+            return await _latency_samples(app, receiver, samples)
+        finally:
+            worker.stop()
+
+
+async def _latency_samples(app: App, receiver: Receiver,
+                           samples: int) -> dict[str, dict[str, float]]:
+    from_call, from_commit = [], []
+    for i in range(samples + 20):
+        started = time.monotonic()
+        sent = await app.webhooks.send("bench.latency", {"i": i})
+        committed = time.monotonic()
+        await _wait(lambda sent=sent: sent.id in receiver.arrivals)
+        if i >= 20:  # warm-up excluded
+            from_call.append((receiver.arrivals[sent.id] - started) * 1000)
+            from_commit.append((receiver.arrivals[sent.id] - committed) * 1000)
+        await anyio.sleep(0.02 + 0.02 * (i % 2))
     return {"from send() called": _percentiles(from_call),
             "from send() returned (committed)": _percentiles(from_commit)}
 
@@ -149,17 +187,25 @@ async def throughput(dsn: str, receiver: Receiver, messages: int, endpoints: int
             await app.webhooks.create_endpoint(f"http://127.0.0.1:{receiver.port}/t{n}",
                                                event_types=[event])
         per = messages // endpoints
-        async with (await app.pool()).connection() as conn, conn.transaction():
-            for i in range(per):
-                await app.webhooks.send(event, {"i": i}, conn=conn)
         target = receiver.count + per * endpoints
-        async with anyio.create_task_group() as tg:
-            started = time.monotonic()
-            tg.start_soon(lambda: app.run_worker(concurrency=concurrency))
+        worker = Worker(dsn, concurrency)
+        try:
+            await worker.ready()
+            async with (await app.pool()).connection() as conn:
+                async with conn.transaction():
+                    for i in range(per):
+                        await app.webhooks.send(event, {"i": i}, conn=conn)
+                started = time.monotonic()  # committed: every delivery is runnable from now
             await _wait(lambda: receiver.count >= target)
             elapsed = time.monotonic() - started
-            tg.cancel_scope.cancel()
+        finally:
+            worker.stop()
     return per * endpoints / elapsed
+
+
+async def _migrate(dsn: str) -> None:
+    async with _app(dsn) as app:
+        await app.migrate()
 
 
 def main() -> int:
@@ -171,6 +217,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=50)
     args = parser.parse_args()
     dsn = _recreate(args.dsn)
+    anyio.run(_migrate, dsn)
     receiver = Receiver()
     try:
         for origin, lat in anyio.run(latency, dsn, receiver, args.samples).items():
