@@ -22,7 +22,7 @@ import httpx
 
 from notifyq.settings import WebhookSettings
 from notifyq.webhooks.ssrf import BlockedAddress, ResolutionFailed, Resolver
-from notifyq.webhooks.transport import transport_for
+from notifyq.webhooks.transport import describe, transport_for
 
 ErrorKind = Literal["timeout", "connect", "dns", "tls", "blocked"]
 USER_AGENT = "notifyq-webhooks/1"
@@ -69,10 +69,10 @@ class WebhookClient:
         except ResolutionFailed as exc:
             return _failed(started, "dns", str(exc))
         except httpx.TimeoutException as exc:
-            return _failed(started, "timeout", _describe(exc))
+            return _failed(started, "timeout", describe(exc))
         except httpx.TransportError as exc:
             kind: ErrorKind = "tls" if _is_tls(exc) else "connect"
-            return _failed(started, kind, _describe(exc))
+            return _failed(started, kind, describe(exc))
 
     async def _post(self, url: str, headers: dict[str, str], body: bytes,
                     started: float) -> AttemptResult:
@@ -120,7 +120,3 @@ def _is_tls(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

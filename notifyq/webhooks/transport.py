@@ -151,7 +151,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
             conn.writer.write(payload)
             await conn.writer.drain()
         except OSError as exc:
-            raise _NothingReceived(httpx.WriteError(_describe(exc))) from exc
+            raise _NothingReceived(httpx.WriteError(describe(exc))) from exc
         while True:
             try:
                 head = await conn.reader.readuntil(b"\r\n\r\n")
@@ -165,7 +165,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
                 raise httpx.RemoteProtocolError(
                     f"the response head is larger than {HEAD_LIMIT} bytes") from None
             except OSError as exc:
-                raise _NothingReceived(httpx.ReadError(_describe(exc))) from exc
+                raise _NothingReceived(httpx.ReadError(describe(exc))) from exc
             status, headers, version = _parse_head(head)
             if status >= 200:
                 return status, headers, version
@@ -225,7 +225,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         except BlockedAddress:
             raise
         except (OSError, ssl.SSLError) as exc:
-            raise httpx.ConnectError(_describe(exc)) from exc
+            raise httpx.ConnectError(describe(exc)) from exc
         return _Connection(origin, reader, writer)
 
     def release(self, conn: _Connection) -> None:
@@ -341,7 +341,7 @@ class _Body(httpx.AsyncByteStream):
                 while chunk := await reader.read(READ_SIZE):
                     yield chunk
         except (OSError, asyncio.IncompleteReadError) as exc:
-            raise httpx.ReadError(_describe(exc)) from exc
+            raise httpx.ReadError(describe(exc)) from exc
         except asyncio.LimitOverrunError:
             raise httpx.RemoteProtocolError("a chunk-size line is too long") from None
         self._complete = True
@@ -378,7 +378,8 @@ async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
             raise httpx.RemoteProtocolError("a chunk does not end with CRLF")
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """An exception as one line: its type, and its message when it has one."""
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 

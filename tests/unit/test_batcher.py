@@ -79,20 +79,21 @@ async def test_a_cancelled_leader_still_finishes_the_batch_for_the_others() -> N
     batcher = Batcher(execute)
     results: dict[int, int] = {}
 
-    async def one(item: int) -> None:
-        results[item] = await batcher.submit(item)
-
     async with anyio.create_task_group() as tg:
         leader = anyio.CancelScope()
         tg.start_soon(_cancellable, leader, batcher, 1)
         await anyio.sleep(0.01)
-        tg.start_soon(one, 2)
-        tg.start_soon(one, 3)
+        tg.start_soon(_submit, batcher, results, 2)
+        tg.start_soon(_submit, batcher, results, 3)
         await anyio.sleep(0.01)
         leader.cancel()
         gate.set()
     assert results == {2: 4, 3: 6}
     assert execute.batches == [[1], [2, 3]]
+
+
+async def _submit(batcher: Batcher[int, int], results: dict[int, int], item: int) -> None:
+    results[item] = await batcher.submit(item)
 
 
 async def _cancellable(scope: anyio.CancelScope, batcher: Batcher[int, int], item: int) -> None:
@@ -106,18 +107,15 @@ async def test_a_caller_cancelled_while_queued_is_not_run_and_the_queue_moves_on
     batcher = Batcher(execute)
     results: dict[int, int] = {}
 
-    async def one(item: int) -> None:
-        results[item] = await batcher.submit(item)
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(one, 1)  # leads; held at the gate
+        tg.start_soon(_submit, batcher, results, 1)  # leads; held at the gate
         await anyio.sleep(0.01)
         queued = anyio.CancelScope()
         tg.start_soon(_cancellable, queued, batcher, 99)  # queued behind the gate
         await anyio.sleep(0.01)
         queued.cancel()
         await anyio.sleep(0.01)
-        tg.start_soon(one, 7)
+        tg.start_soon(_submit, batcher, results, 7)
         await anyio.sleep(0.01)
         gate.set()
     assert results == {1: 2, 7: 14}
