@@ -29,6 +29,12 @@ class Doubler:
         return [i * 2 for i in items]
 
 
+async def settle() -> None:
+    """Let every started task run until it blocks (all waits here are on in-memory events)."""
+    for _ in range(20):
+        await anyio.lowlevel.checkpoint()
+
+
 async def gather(batcher: Batcher[int, int], items: list[int]) -> dict[int, object]:
     results: dict[int, object] = {}
 
@@ -82,10 +88,10 @@ async def test_a_cancelled_leader_still_finishes_the_batch_for_the_others() -> N
     async with anyio.create_task_group() as tg:
         leader = anyio.CancelScope()
         tg.start_soon(_cancellable, leader, batcher, 1)
-        await anyio.sleep(0.01)
+        await settle()
         tg.start_soon(_submit, batcher, results, 2)
         tg.start_soon(_submit, batcher, results, 3)
-        await anyio.sleep(0.01)
+        await settle()
         leader.cancel()
         gate.set()
     assert results == {2: 4, 3: 6}
@@ -109,14 +115,14 @@ async def test_a_caller_cancelled_while_queued_is_not_run_and_the_queue_moves_on
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(_submit, batcher, results, 1)  # leads; held at the gate
-        await anyio.sleep(0.01)
+        await settle()
         queued = anyio.CancelScope()
         tg.start_soon(_cancellable, queued, batcher, 99)  # queued behind the gate
-        await anyio.sleep(0.01)
+        await settle()
         queued.cancel()
-        await anyio.sleep(0.01)
+        await settle()
         tg.start_soon(_submit, batcher, results, 7)
-        await anyio.sleep(0.01)
+        await settle()
         gate.set()
     assert results == {1: 2, 7: 14}
     assert execute.batches == [[1], [7]]
