@@ -5,11 +5,12 @@
 -- (or plain SQL) apply the same defaults.
 INSERT INTO {schema}.job AS job (type, version, pool, priority_default, max_attempts,
     retry_policy, timeout_s, concurrency_key_template, concurrency_collision, concurrency_limit,
-    dedupe_key_template, dedupe_window_s, replay_from, scope_entity_type, scope_id_template)
+    dedupe_key_template, dedupe_window_s, replay_from, scope_entity_type, scope_id_template,
+    dedupe_states)
 VALUES (%(type)s, %(version)s, %(pool)s, %(priority)s, %(max_attempts)s, %(retry_policy)s,
         %(timeout_s)s, %(concurrency_key_template)s, %(concurrency_collision)s,
         %(concurrency_limit)s, %(dedupe_key_template)s, %(dedupe_window_s)s, %(replay_from)s,
-        %(scope_entity_type)s, %(scope_id_template)s)
+        %(scope_entity_type)s, %(scope_id_template)s, %(dedupe_states)s)
 ON CONFLICT (type) DO UPDATE
 SET version = excluded.version, pool = excluded.pool, priority_default = excluded.priority_default,
     max_attempts = excluded.max_attempts, retry_policy = excluded.retry_policy,
@@ -19,16 +20,17 @@ SET version = excluded.version, pool = excluded.pool, priority_default = exclude
     dedupe_key_template = excluded.dedupe_key_template,
     dedupe_window_s = excluded.dedupe_window_s, replay_from = excluded.replay_from,
     scope_entity_type = excluded.scope_entity_type,
-    scope_id_template = excluded.scope_id_template, updated_at = now()
+    scope_id_template = excluded.scope_id_template, dedupe_states = excluded.dedupe_states,
+    updated_at = now()
 WHERE (job.version, job.pool, job.priority_default, job.max_attempts, job.retry_policy,
        job.timeout_s, job.concurrency_key_template, job.concurrency_collision,
        job.concurrency_limit, job.dedupe_key_template, job.dedupe_window_s, job.replay_from,
-       job.scope_entity_type, job.scope_id_template) IS DISTINCT FROM
+       job.scope_entity_type, job.scope_id_template, job.dedupe_states) IS DISTINCT FROM
       (excluded.version, excluded.pool, excluded.priority_default, excluded.max_attempts,
        excluded.retry_policy, excluded.timeout_s, excluded.concurrency_key_template,
        excluded.concurrency_collision, excluded.concurrency_limit, excluded.dedupe_key_template,
        excluded.dedupe_window_s, excluded.replay_from, excluded.scope_entity_type,
-       excluded.scope_id_template)
+       excluded.scope_id_template, excluded.dedupe_states)
 
 -- name: job_list
 SELECT * FROM {schema}.job ORDER BY type

@@ -11,7 +11,8 @@ SELECT * FROM {schema}._enqueue(
     p_concurrency_limit => %(concurrency_limit)s,
     p_concurrency_collision => %(concurrency_collision)s,
     p_scope_entity_type => %(scope_entity_type)s, p_scope_entity_id => %(scope_entity_id)s,
-    p_tenant_id => %(tenant_id)s)
+    p_tenant_id => %(tenant_id)s, p_allow_unknown_type => %(allow_unknown_type)s,
+    p_dedupe_states => %(dedupe_states)s)
 
 -- name: job_run_insert_many
 -- Bulk enqueue: the whole batch travels as one jsonb array (one json.dumps in Python, one parse
@@ -20,9 +21,20 @@ SELECT * FROM {schema}._enqueue(
 -- 1,000 rows. Single Python enqueues use it too (one row): a plain INSERT costs the server
 -- ~25 us against ~200 us for the plpgsql _enqueue, which only dedupe/concurrency keys need.
 -- App.enqueue_many uses job_run_insert_bulk, the same INSERT that returns no rows.
+-- Unknown job types (migration 0007): the CASE that fills `defaulted` refuses a type without a
+-- definition, unless the caller accepts it or no worker has registered any type yet. What it
+-- costs a registered type (backend CPU from /proc per prepared one-row statement in a
+-- rolled-back transaction, 10 interleaved rounds of 20,000, against the same statement with
+-- the CASE replaced by NULL; this 2-core VM's slow syscalls make the absolute figure ~131 us):
+-- +1 us median, inside the +-5 us between rounds (and 0006's statement on 0006: 131 us).
+-- The first version refused in the WHERE clause with `OR NOT EXISTS (SELECT FROM job)`: that
+-- InitPlan is set up at every execution, used or not, +6 us; the check now calls a function
+-- only for a type without a definition. In bulk (job_run_insert_bulk, batches of 1,000): +0 us
+-- a row for a registered type, +0.6 us a row before any worker has registered one (the App's
+-- own type, accepted by `accept_types`).
 INSERT INTO {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at,
                               max_attempts, timeout_s, tags, scope_entity_type, scope_entity_id,
-                              tenant_id)
+                              tenant_id, defaulted)
 SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.pool, 'default'),
        coalesce(r.priority, d.priority_default, 0), coalesce(r.run_at, now()),
        coalesce(r.max_attempts, d.max_attempts, 25), d.timeout_s, coalesce(r.tags, ARRAY[]::text[]),
@@ -31,7 +43,16 @@ SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.poo
        coalesce(r.scope_entity_id, CASE WHEN d.scope_id_template IS NOT NULL
                                         THEN {schema}._expand_template(d.scope_id_template, r.input)
                                    END),
-       r.tenant_id
+       r.tenant_id,
+       -- A type without a definition: refused (NQ422) unless the caller accepts it
+       -- (`accept_types`: its opt-out, or types its App has handlers for) or no worker has
+       -- registered any type yet; then `defaulted`, what the definition fills in once a worker
+       -- registers it (migration 0007). A registered type stops at the first WHEN.
+       CASE WHEN d.type IS NOT NULL THEN NULL
+            WHEN r.job_type = ANY (%(accept_types)s::text[])
+                 OR {schema}._accept_unknown_job_type(r.job_type)
+            THEN ((r.pool IS NULL)::integer + 2 * (r.priority IS NULL)::integer
+                  + 4 * (r.max_attempts IS NULL)::integer)::smallint END
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb, pool text,
      priority integer, run_at timestamptz, max_attempts integer, tags text[],
      scope_entity_type text, scope_entity_id text, tenant_id text)
@@ -66,7 +87,7 @@ RETURNING id, job_type, job_version, status, pool, priority, run_at, attempts, m
 WITH inserted AS (
     INSERT INTO {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at,
                                   max_attempts, timeout_s, tags, scope_entity_type,
-                                  scope_entity_id, tenant_id)
+                                  scope_entity_id, tenant_id, defaulted)
     SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.pool, 'default'),
            coalesce(r.priority, d.priority_default, 0), coalesce(r.run_at, now()),
            coalesce(r.max_attempts, d.max_attempts, 25), d.timeout_s,
@@ -75,7 +96,13 @@ WITH inserted AS (
                                             THEN {schema}._expand_template(d.scope_id_template,
                                                                            r.input)
                                        END),
-           r.tenant_id
+           r.tenant_id,
+           -- Unknown types refused, `defaulted` recorded: see job_run_insert_many.
+           CASE WHEN d.type IS NOT NULL THEN NULL
+                WHEN r.job_type = ANY (%(accept_types)s::text[])
+                     OR {schema}._accept_unknown_job_type(r.job_type)
+                THEN ((r.pool IS NULL)::integer + 2 * (r.priority IS NULL)::integer
+                      + 4 * (r.max_attempts IS NULL)::integer)::smallint END
     FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb, pool text,
          priority integer, run_at timestamptz, max_attempts integer, tags text[],
          scope_entity_type text, scope_entity_id text, tenant_id text)
@@ -97,7 +124,8 @@ SELECT octet_length(%(input)s::jsonb::text) AS size
 SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payload
 
 -- name: job_run_claim
--- Claims up to `limit` runnable runs of one pool, best priority then oldest run_at first.
+-- Claims up to `limit` runnable runs of one pool, best priority then oldest run_at first, then
+-- in enqueue order (the id: a batch shares its run_at; migration 0007).
 -- SKIP LOCKED lets any number of producers claim concurrently without waiting on each other;
 -- the fence grows by one so write-backs from any earlier claim of the same run match nothing.
 -- `claimed_at` is the database's now: the worker times retries from it, not from its own clock.
@@ -106,7 +134,7 @@ picked AS (
     SELECT id FROM {schema}.job_run, n
     WHERE status = 'pending' AND pool = %(pool)s AND run_at <= n.now
       AND concurrency_key IS NULL
-    ORDER BY priority, run_at
+    ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
@@ -226,6 +254,30 @@ doomed AS (
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM {schema}.job_run r USING doomed WHERE r.id = doomed.id
+
+-- name: job_run_apply_definitions
+-- Runs enqueued while their type had no definition took the table defaults (`defaulted` says
+-- which: pool 1, priority 2, max_attempts 4). Once a definition exists they get its values, and
+-- its timeout_s and version, which only a definition sets. Run by a worker after it upserts its
+-- definitions, and by the purger for enqueues that committed just after. Reads only the partial
+-- index job_run_defaulted_idx (empty unless runs were enqueued before their first worker), so the
+-- claim pays nothing. Wakes the pools the runs are now in.
+WITH applied AS (
+    UPDATE {schema}.job_run r
+    SET pool = CASE WHEN r.defaulted & 1 <> 0 THEN d.pool ELSE r.pool END,
+        priority = CASE WHEN r.defaulted & 2 <> 0
+                        THEN greatest(-1000, least(1000, d.priority_default)) ELSE r.priority END,
+        max_attempts = CASE WHEN r.defaulted & 4 <> 0 THEN least(1000, d.max_attempts)
+                            ELSE r.max_attempts END,
+        timeout_s = coalesce(r.timeout_s, d.timeout_s), job_version = d.version,
+        defaulted = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM {schema}.job d
+    WHERE d.type = r.job_type AND r.defaulted IS NOT NULL
+      AND r.status IN ('pending', 'running', 'waiting')
+    RETURNING r.pool
+)
+SELECT pool, count(*) AS runs, pg_notify(%(channel)s, 'j:' || pool) AS notified
+FROM applied GROUP BY pool ORDER BY pool
 
 -- name: job_run_get
 SELECT * FROM {schema}.job_run WHERE id = %(id)s

@@ -67,7 +67,9 @@ SELECT d.endpoint_id,
                                              'endpoint_id', d.endpoint_id,
                                              'trigger', 'manual'),
                           p_pool => 'webhooks', p_max_attempts => 3,
-                          p_trigger_source => 'manual', p_trigger_ref => d.message_id)).id
+                          p_trigger_source => 'manual', p_trigger_ref => d.message_id,
+                          -- built in: accepted before any worker has registered it
+                          p_allow_unknown_type => true)).id
            AS run_id
 FROM {schema}.webhook_delivery d
 WHERE d.message_id = %(message_id)s
@@ -92,7 +94,8 @@ SET status = 'pending', attempts = 0, updated_at = coalesce(%(now)s::timestamptz
                                                    'endpoint_id', d.endpoint_id),
                                 p_pool => 'webhooks', p_max_attempts => 100,
                                 p_trigger_source => 'manual',
-                                p_trigger_ref => d.message_id)).id
+                                p_trigger_ref => d.message_id,
+                                p_allow_unknown_type => true)).id
 FROM picked p
 WHERE d.message_id = p.message_id AND d.endpoint_id = p.endpoint_id
 RETURNING d.message_id, d.run_id

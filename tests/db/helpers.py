@@ -14,11 +14,12 @@ from notifyq.enqueue import EnqueueRequest, prepare
 Conn = psycopg.Connection[dict[str, Any]]
 
 
-def enqueue(conn: Conn, q: Queries, job_type: str = "t.a", input: Any = None,
-            **kwargs: Any) -> dict[str, Any]:
+def enqueue(conn: Conn, q: Queries, job_type: str = "t.a", input: Any = None, *,
+            allow_unknown_type: bool = False, **kwargs: Any) -> dict[str, Any]:
     prepared = prepare(EnqueueRequest(job_type=job_type, input={} if input is None else input,
                                       **kwargs))
-    row = conn.execute(q.job_run_enqueue, prepared.params(notify=False)).fetchone()
+    row = conn.execute(q.job_run_enqueue, prepared.params(
+        notify=False, allow_unknown_type=allow_unknown_type)).fetchone()
     assert row is not None
     return row
 
@@ -49,7 +50,7 @@ DEFINITION = {"version": 1, "pool": "default", "priority": 0, "max_attempts": 25
               "retry_policy": "{}", "timeout_s": None, "concurrency_key_template": None,
               "concurrency_collision": None, "concurrency_limit": None,
               "dedupe_key_template": None, "dedupe_window_s": None, "replay_from": "last_step",
-              "scope_entity_type": None, "scope_id_template": None}
+              "scope_entity_type": None, "scope_id_template": None, "dedupe_states": None}
 """job_upsert's parameters for a definition without policies."""
 
 

@@ -174,22 +174,81 @@ def test_cancel_policy_asks_a_running_child_to_stop_and_terminate_stops_it(db: C
 # -- signals and resumes ----------------------------------------------------------------------
 
 
-def test_job_signal_send_stores_the_first_payload_and_wakes_waiting_runs(db: Conn,
-                                                                        q: Queries) -> None:
-    run = claimed(db, q)
+def wait_for_signal(db: Conn, q: Queries, run: dict[str, Any], token: str) -> None:
+    """What ctx.wait_for_signal leaves behind: its wait step (running), then the run waiting."""
+    record(db, q, run, f"signal:{token}", kind="signal", status="running",
+           output='{"deadline": null}')
     db.execute(q.job_run_finish_many, {
         "now": None, "ids": [run["id"]], "fences": [run["fence"]], "statuses": ["waiting"],
         "outputs": [None], "errors": [None], "run_ats": [T0 + timedelta(days=365)],
-        "refunds": [1], "wait_kinds": ["signal"], "wait_tokens": ["tok"], "waiting_ons": [None]})
-    row = db.execute(q.job_signal_send, {"token": "tok", "payload": json.dumps({"a": 1})})
-    assert row.fetchone() == {"woken": 1}
-    assert get(db, q, run["id"])["status"] == "pending"
-    db.execute(q.job_signal_send, {"token": "tok", "payload": json.dumps({"a": 2})})
-    got = db.execute(q.job_signal_get, {"token": "tok"}).fetchone()
-    assert got == {"payload": {"a": 1}}
-    assert db.execute(q.job_signal_get, {"token": "nope"}).fetchone() is None
+        "refunds": [1], "wait_kinds": ["signal"], "wait_tokens": [token], "waiting_ons": [None]})
+
+
+def signal_step(db: Conn, run: dict[str, Any], token: str) -> Any:
+    return db.execute("SELECT status, output FROM notifyq.job_step WHERE run_id = %s "
+                      "AND step_id = %s", (run["id"], f"signal:{token}")).fetchone()
+
+
+def queued(db: Conn, token: str) -> list[Any]:
+    rows = db.execute("SELECT payload FROM notifyq.job_signal WHERE token = %s ORDER BY id",
+                      (token,)).fetchall()
+    return [r["payload"] for r in rows]
+
+
+def test_job_signal_send_hands_each_signal_to_one_waiting_run_longest_waiting_first(
+        db: Conn, q: Queries) -> None:
+    first, second = claimed(db, q), claimed(db, q)
+    wait_for_signal(db, q, first, "tok")
+    wait_for_signal(db, q, second, "tok")
+    send = q.job_signal_send
+    assert db.execute(send, {"token": "tok", "payload": '{"a": 1}'}).fetchone() == {"woken": 1}
+    assert get(db, q, first["id"])["status"] == "pending"
+    assert signal_step(db, first, "tok") == {"status": "completed", "output": {"payload": {"a": 1}}}
+    assert get(db, q, second["id"])["status"] == "waiting"  # one signal, one run
+    assert db.execute(send, {"token": "tok", "payload": '{"a": 2}'}).fetchone() == {"woken": 1}
+    assert signal_step(db, second, "tok")["output"] == {"payload": {"a": 2}}
+    assert queued(db, "tok") == []  # delivered, so not kept
+    # Nobody waits any more: the next signals queue up, in order.
+    assert db.execute(send, {"token": "tok", "payload": '{"a": 3}'}).fetchone() == {"woken": 0}
+    assert db.execute(send, {"token": "tok", "payload": '{"a": 4}'}).fetchone() == {"woken": 0}
+    assert queued(db, "tok") == [{"a": 3}, {"a": 4}]
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="1 to 512"):
-        db.execute(q.job_signal_send, {"token": "", "payload": "{}"})
+        db.execute(send, {"token": "", "payload": "{}"})
+
+
+def consume(db: Conn, q: Queries, run: dict[str, Any], token: str, *,
+            fence: int | None = None) -> Any:
+    return db.execute(q.job_signal_consume, {
+        "run_id": run["id"], "fence": run["fence"] if fence is None else fence, "token": token,
+        "step_id": f"signal:{token}", "seq": 1, "attempt": run["attempts"],
+        "started_at": T0}).fetchone()
+
+
+def test_job_signal_consume_takes_the_oldest_queued_signal_once_under_the_fence(
+        db: Conn, q: Queries) -> None:
+    for n in (1, 2):
+        db.execute(q.job_signal_send, {"token": "tok", "payload": json.dumps({"n": n})})
+    first, second, third = claimed(db, q), claimed(db, q), claimed(db, q)
+    assert consume(db, q, first, "tok", fence=first["fence"] + 1) is None  # lost its lease
+    assert queued(db, "tok") == [{"n": 1}, {"n": 2}]
+    assert consume(db, q, first, "tok") == {"payload": {"n": 1}}
+    assert signal_step(db, first, "tok") == {"status": "completed", "output": {"payload": {"n": 1}}}
+    assert consume(db, q, second, "tok") == {"payload": {"n": 2}}
+    assert consume(db, q, third, "tok") is None
+    assert signal_step(db, third, "tok") is None
+    assert queued(db, "tok") == []
+
+
+def test_job_signal_purge_expired_deletes_only_signals_past_the_retention(
+        db: Conn, q: Queries) -> None:
+    db.execute("INSERT INTO notifyq.job_signal (token, payload, created_at) VALUES "
+               "('old', '{}', %s), ('old', '{}', %s), ('new', '{}', %s)",
+               (T0 - timedelta(days=8), T0 - timedelta(days=7, seconds=1), T0 - seconds(60)))
+    purge = {"now": T0, "retention_s": 7 * 86_400.0, "limit": 1}
+    assert db.execute(q.job_signal_purge_expired, purge).rowcount == 1  # bounded batches
+    assert db.execute(q.job_signal_purge_expired, purge).rowcount == 1
+    assert db.execute(q.job_signal_purge_expired, purge).rowcount == 0
+    assert [r["token"] for r in db.execute("SELECT token FROM notifyq.job_signal")] == ["new"]
 
 
 def test_job_run_resume_due_resumes_elapsed_sleeps_and_missed_signals_only(

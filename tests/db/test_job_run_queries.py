@@ -70,7 +70,7 @@ def test_job_run_insert_many_inserts_every_row_with_definition_defaults(db: Conn
                 for i, t in enumerate(["t.def", "t.plain", "t.def"])]
     rows = db.execute(q.job_run_insert_many, {
         "rows": "[" + ",".join(p.record() for p in prepared) + "]", "notify": False,
-        "channel": "notifyq"}).fetchall()
+        "channel": "notifyq", "accept_types": ["t.plain"]}).fetchall()
     by_id = {r["id"]: r for r in rows}
     assert set(by_id) == {p.id for p in prepared}
     first, plain, third = (by_id[p.id] for p in prepared)
@@ -95,7 +95,8 @@ def test_job_run_insert_bulk_inserts_compact_records_and_returns_the_definitions
                {"id": ids[2].hex, "job_type": "t.def", "priority": 1, "input": {"i": 2}}]
     with db.transaction():  # now() is the transaction's
         summary = db.execute(q.job_run_insert_bulk, {
-            "rows": json.dumps(records), "types": ["t.def", "t.plain"]}).fetchall()
+            "rows": json.dumps(records), "types": ["t.def", "t.plain"],
+            "accept_types": ["t.plain"]}).fetchall()
         now = db.execute("SELECT now() AS now").fetchone()
     assert now is not None
     assert [(s["type"], s["pool"], s["priority_default"], s["max_attempts"], s["timeout_s"])
@@ -118,7 +119,7 @@ def test_job_run_insert_bulk_leaves_out_an_input_too_large_as_jsonb_prints_it(
     records = [{"id": str(uuid4()), "job_type": "t.a", "input": {"n": [1e300] * 250}},
                {"id": str(uuid4()), "job_type": "t.a", "input": {"n": 1}}]
     summary = db.execute(q.job_run_insert_bulk, {
-        "rows": json.dumps(records), "types": ["t.a"]}).fetchall()
+        "rows": json.dumps(records), "types": ["t.a"], "accept_types": None}).fetchall()
     assert [s["inserted"] for s in summary] == [1]
     assert count(db) == 1
 
@@ -191,7 +192,8 @@ def test_job_run_claim_skips_rows_locked_by_a_concurrent_claim(db: Conn, db2: Co
 def test_concurrent_claims_never_return_the_same_run(dsn: str, db: Conn, q: Queries) -> None:
     prepared = [prepare(EnqueueRequest(job_type="t.a", input={"i": i})) for i in range(300)]
     db.execute(q.job_run_insert_many, {"rows": "[" + ",".join(p.record() for p in prepared) + "]",
-                                       "notify": False, "channel": "notifyq"})
+                                       "notify": False, "channel": "notifyq",
+                                       "accept_types": None})
     claimed: list[list[Any]] = [[] for _ in range(4)]
     barrier = threading.Barrier(4)
 
@@ -572,7 +574,7 @@ def test_job_run_insert_many_leaves_out_an_input_too_large_as_jsonb_prints_it(
     small = prepare(EnqueueRequest(job_type="t.a", input={"n": 1}))
     rows = db.execute(q.job_run_insert_many, {
         "rows": f"[{big.record()},{small.record()}]", "notify": False,
-        "channel": "notifyq"}).fetchall()
+        "channel": "notifyq", "accept_types": None}).fetchall()
     assert [r["id"] for r in rows] == [small.id]
     size = db.execute(q.job_run_input_size, {"input": big.input_json}).fetchone()
     assert size is not None
