@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
@@ -39,7 +38,7 @@ from notifyq.enqueue import (
     coerce_requests,
     encode_input,
     prepare,
-    translate_db_error,
+    translated_errors,
 )
 from notifyq.errors import ConfigError, PayloadTooLarge
 from notifyq.notifier import WakeSender, wake_payload
@@ -54,11 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("notifyq")
 
 T = TypeVar("T")
-
-# The SQL function raises 22023 for bad values, 54000 when the input is too large and NQ409 when
-# a "reject" concurrency key is busy: translate_db_error maps those (and only those) to
-# InvalidEnqueue / PayloadTooLarge / ConcurrencyRejected.
-_VALIDATION_ERRORS = (psycopg.DatabaseError,)
 
 
 class App:
@@ -246,32 +240,46 @@ class App:
                       run_at: datetime | None = None, priority: int | None = None,
                       pool: str | None = None, max_attempts: int | None = None,
                       dedupe_key: str | None = None, tags: Sequence[str] | None = None,
-                      tenant_id: str | None = None,
+                      tenant_id: str | None = None, allow_unknown_type: bool | None = None,
                       conn: psycopg.AsyncConnection[Any] | None = None) -> Run:
         """Enqueue one run and return it (the existing run when ``dedupe_key`` matched).
 
         With ``conn``, the row is written in that connection's open transaction and workers
         are woken when it commits; a rollback leaves nothing behind.
+
+        Once any worker has registered handlers, a type that no worker has registered (and
+        this app has no handler for) raises :class:`~notifyq.errors.UnknownJobType`;
+        ``allow_unknown_type=True`` accepts it (default: the ``enqueue.allow_unknown_types``
+        setting).
         """
         run, _ = await self.enqueue_request(EnqueueRequest(
             job_type=job_type, input={} if input is None else input, run_at=run_at,
             priority=priority, pool=pool, max_attempts=max_attempts, dedupe_key=dedupe_key,
-            tags=tags, tenant_id=tenant_id), conn=conn)
+            tags=tags, tenant_id=tenant_id), conn=conn, allow_unknown_type=allow_unknown_type)
         return run
 
     async def enqueue_request(self, request: EnqueueRequest, *,
                               conn: psycopg.AsyncConnection[Any] | None = None,
-                              ) -> tuple[Run, bool]:
+                              allow_unknown_type: bool | None = None) -> tuple[Run, bool]:
         """:meth:`enqueue` from an :class:`EnqueueRequest`; also says whether the run was
         created (False: a dedupe key matched an existing run, which is returned)."""
         prepared = self._prepare(request)
-        run = await self._enqueue_prepared(prepared, conn)
+        accept = self._accepts(request.job_type, allow_unknown_type)
+        run = await self._enqueue_prepared(prepared, conn, accept)
         return run, run.id == prepared.id
 
+    def _accepts(self, job_type: str, allow_unknown_type: bool | None) -> bool:
+        """Whether ``job_type`` is enqueued even if no worker has registered it: the caller
+        (or the setting) says so, or this app has a handler for it (its worker will register
+        it with that definition)."""
+        if allow_unknown_type is None:
+            allow_unknown_type = self.settings.enqueue.allow_unknown_types
+        return allow_unknown_type or self.registry.get(job_type) is not None
+
     async def _enqueue_prepared(self, prepared: Prepared,
-                                conn: psycopg.AsyncConnection[Any] | None) -> Run:
+                                conn: psycopg.AsyncConnection[Any] | None, accept: bool) -> Run:
         if conn is not None:
-            return await self._enqueue_on(conn, prepared, notify=True)
+            return await self._enqueue_on(conn, prepared, notify=True, accept=accept)
         db = await self.pool()
         waker = self._waker
         if waker is None:  # pragma: no cover - set by pool()
@@ -279,23 +287,25 @@ class App:
         with waker.enqueueing() as inline:
             async with db.connection() as own:
                 if prepared.request.needs_locks:
-                    run = await self._enqueue_on(own, prepared, notify=inline)
+                    run = await self._enqueue_on(own, prepared, notify=inline, accept=accept)
                 else:
-                    run = await self._insert_plain(own, prepared, notify=inline)
+                    run = await self._insert_plain(own, prepared, notify=inline, accept=accept)
         if not inline:
             await waker.wake({run.pool})
         return run
 
     async def _insert_plain(self, conn: psycopg.AsyncConnection[Any], prepared: Prepared, *,
-                            notify: bool) -> Run:
+                            notify: bool, accept: bool) -> Run:
         """A run without dedupe or concurrency keys, validated here already: a plain INSERT
         (the bulk statement with one row) instead of the plpgsql function, with the NOTIFY in
         the same statement when asked. Server time per enqueue: 200 us (function) -> 25 us."""
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(self.queries.job_run_insert_many, {
-                "rows": f"[{prepared.record()}]", "notify": notify,
-                "channel": self.queries.schema})
-            row = await cur.fetchone()
+        with translated_errors():
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(self.queries.job_run_insert_many, {
+                    "rows": f"[{prepared.record()}]", "notify": notify,
+                    "channel": self.queries.schema,
+                    "accept_types": [prepared.request.job_type] if accept else None})
+                row = await cur.fetchone()
         if row is None:
             raise await self._too_large(conn, prepared)
         row["input"] = prepared.request.input
@@ -310,20 +320,23 @@ class App:
         return PayloadTooLarge(int(row["size"]) if row else 0, MAX_INPUT_BYTES)
 
     async def enqueue_many(self, items: Iterable[EnqueueRequest | Mapping[str, Any]], *,
-                           conn: psycopg.AsyncConnection[Any] | None = None) -> list[Run]:
+                           conn: psycopg.AsyncConnection[Any] | None = None,
+                           allow_unknown_type: bool | None = None) -> list[Run]:
         """Enqueue many runs in one transaction and one statement, with one NOTIFY per pool.
-        Returns the runs in the order given."""
+        Returns the runs in the order given, which is also the order they run in at equal
+        priority and run_at. A type no worker has registered refuses the whole batch
+        (:class:`~notifyq.errors.UnknownJobType`), as :meth:`enqueue` says."""
         batch = self._batch(coerce_requests(items))
         if not batch:
             return []
         if conn is not None:
             async with conn.transaction():
-                runs = await self._insert_many(conn, batch)
+                runs = await self._insert_many(conn, batch, allow_unknown_type)
                 await self._notify_pools(conn, {r.pool for r in runs})
             return runs
         db = await self.pool()
         async with db.connection() as own, own.transaction():
-            runs = await self._insert_many(own, batch)
+            runs = await self._insert_many(own, batch, allow_unknown_type)
         await self._wake({r.pool for r in runs})
         return runs
 
@@ -331,17 +344,18 @@ class App:
                      run_at: datetime | None = None, priority: int | None = None,
                      pool: str | None = None, max_attempts: int | None = None,
                      dedupe_key: str | None = None, tags: Sequence[str] | None = None,
-                     tenant_id: str | None = None,
+                     tenant_id: str | None = None, allow_unknown_type: bool | None = None,
                      conn: psycopg.Connection[Any] | None = None) -> Run:
         """:meth:`enqueue` for synchronous code (Django, Flask, scripts)."""
         prepared = self._prepare(EnqueueRequest(
             job_type=job_type, input={} if input is None else input, run_at=run_at,
             priority=priority, pool=pool, max_attempts=max_attempts, dedupe_key=dedupe_key,
             tags=tags, tenant_id=tenant_id))
+        accept = self._accepts(job_type, allow_unknown_type)
         if conn is not None:
-            return self._enqueue_on_sync(conn, prepared)
+            return self._enqueue_on_sync(conn, prepared, accept)
         with self._sync().connection() as own:
-            return self._enqueue_on_sync(own, prepared)
+            return self._enqueue_on_sync(own, prepared, accept)
 
     async def _wake(self, pools: set[str]) -> None:
         if self._waker is not None:
@@ -381,28 +395,37 @@ class App:
         return batch
 
     async def _enqueue_on(self, conn: psycopg.AsyncConnection[Any], prepared: Prepared, *,
-                          notify: bool) -> Run:
-        with _enqueue_errors():
+                          notify: bool, accept: bool) -> Run:
+        with translated_errors():
             async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(self.queries.job_run_enqueue, prepared.params(notify=notify))
+                await cur.execute(self.queries.job_run_enqueue,
+                                  prepared.params(notify=notify, allow_unknown_type=accept))
                 return _enqueued(await cur.fetchone())
 
-    def _enqueue_on_sync(self, conn: psycopg.Connection[Any], prepared: Prepared) -> Run:
-        with _enqueue_errors(), conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(self.queries.job_run_enqueue, prepared.params(notify=True))
+    def _enqueue_on_sync(self, conn: psycopg.Connection[Any], prepared: Prepared,
+                         accept: bool) -> Run:
+        with translated_errors(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(self.queries.job_run_enqueue,
+                        prepared.params(notify=True, allow_unknown_type=accept))
             return _enqueued(cur.fetchone())
 
-    async def _insert_many(self, conn: psycopg.AsyncConnection[Any], batch: Batch) -> list[Run]:
+    async def _insert_many(self, conn: psycopg.AsyncConnection[Any], batch: Batch,
+                           allow_unknown_type: bool | None) -> list[Run]:
         plain: list[Run] = []
         if batch.requests:
             ids, params = batch.params()
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(self.queries.job_run_insert_bulk, params)
-                summary = await cur.fetchall()
+            params["accept_types"] = [t for t in params["types"]
+                                      if self._accepts(t, allow_unknown_type)] or None
+            with translated_errors():
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(self.queries.job_run_insert_bulk, params)
+                    summary = await cur.fetchall()
             if summary[0]["inserted"] < len(ids):  # the caller's transaction (or ours) rolls
                 raise await self._first_too_large(conn, batch.inputs)  # the batch back
             plain = batch.runs(ids, summary)
-        return [await self._enqueue_on(conn, at, notify=False) if isinstance(at, Prepared) else at
+        return [await self._enqueue_on(conn, at, notify=False, accept=self._accepts(
+                    at.request.job_type, allow_unknown_type))
+                if isinstance(at, Prepared) else at
                 for at in batch.order(plain)]
 
     async def _first_too_large(self, conn: psycopg.AsyncConnection[Any],
@@ -434,6 +457,7 @@ class App:
     # -- run control --------------------------------------------------------------------------
 
     async def get_run(self, run_id: UUID | str) -> Run:
+        """The run as stored; :class:`~notifyq.errors.RunNotFound` for an unknown id."""
         async with (await self.pool()).connection() as conn:
             return await self.runs.get(conn, _uuid(run_id))
 
@@ -448,8 +472,9 @@ class App:
                                     limit=limit, before=before)
 
     async def signal(self, token: str, payload: Any = None) -> int:
-        """Send a signal to ``ctx.wait_for_signal(token)``; returns how many waiting runs it
-        woke (0 when none waits yet: the payload is kept for the run that will)."""
+        """Send a signal to ``ctx.wait_for_signal(token)``. It is delivered once: to the run
+        waiting on ``token`` the longest (returns 1), or, when none waits, queued for the next
+        wait on it, oldest first (returns 0), until ``purger.signal_retention_s`` expires it."""
         if not isinstance(token, str) or not 0 < len(token) <= 512:
             raise ValueError("signal token must be a string of 1 to 512 characters")
         encode_input([payload])  # JSON and size check, same as an input
@@ -457,15 +482,19 @@ class App:
             return await self.runs.signal(conn, token, {} if payload is None else payload)
 
     async def steps(self, run_id: UUID | str) -> list[dict[str, Any]]:
-        """A run's memoized steps (id, seq, kind, status, output, error, attempts)."""
+        """A run's recorded steps in execution order (step_id, seq, kind, status, output,
+        error, attempts, attempt, started_at, finished_at)."""
         async with (await self.pool()).connection() as conn:
             return await self.runs.steps(conn, _uuid(run_id))
 
     async def cancel(self, run_id: UUID | str) -> Run:
+        """Cancel a pending or waiting run at once; ask a running one to stop (an async handler
+        is cancelled, a sync one sees ``ctx.cancel_requested``)."""
         async with (await self.pool()).connection() as conn:
             return await self.runs.cancel(conn, _uuid(run_id))
 
     async def retry(self, run_id: UUID | str) -> Run:
+        """Put a failed, canceled or timed-out run back in line now, with one more attempt."""
         async with (await self.pool()).connection() as conn:
             return await self.runs.retry(conn, _uuid(run_id))
 
@@ -505,24 +534,15 @@ class App:
                 params = spec.definition()
                 params["retry_policy"] = Jsonb(params["retry_policy"])
                 await conn.execute(self.queries.job_upsert, params)
+            # Runs enqueued before these definitions existed take their defaults now.
+            await conn.execute(self.queries.job_run_apply_definitions, {
+                "now": self.clock.db_now(), "channel": self.queries.schema})
         worker = self.worker(concurrency=concurrency, pools=pools, burst=burst)
         log.info("worker %s: pools %s, concurrency %d, handlers %s", worker.id,
                  ",".join(worker.producers), worker.slots.size,
                  ",".join(s.job_type for s in self.registry.specs()) or "-")
         task_status.started(worker)
         await worker.run()
-
-
-@contextmanager
-def _enqueue_errors() -> Iterator[None]:
-    """The SQL function's own refusals become the Python errors; other errors pass through."""
-    try:
-        yield
-    except _VALIDATION_ERRORS as exc:
-        translated = translate_db_error(exc)
-        if translated is exc:
-            raise
-        raise translated from None
 
 
 def _enqueued(row: dict[str, Any] | None) -> Run:
@@ -543,7 +563,7 @@ def _policy_fields(spec: HandlerSpec, request: EnqueueRequest) -> dict[str, Any]
                    concurrency_limit=c.limit, concurrency_collision=c.collision)
     if (d := spec.dedupe) is not None and request.dedupe_key is None:
         out.update(dedupe_key=key_for(d.key, request.input, "dedupe"),
-                   dedupe_window_s=d.window_s)
+                   dedupe_window_s=d.window_s, dedupe_states=d.states)
     if (s := spec.scope) is not None and request.scope_entity_id is None:
         out.update(scope_entity_type=s.entity,
                    scope_entity_id=key_for(s.id_from, request.input, "scope id"))

@@ -134,6 +134,8 @@ def _add_enqueue(sub: Any) -> None:
                          help="return the existing run instead when one has this key")
     enqueue.add_argument("--tag", action="append", dest="tags", metavar="T",
                          help="repeat for several tags")
+    enqueue.add_argument("--allow-unknown-type", action="store_true", default=None,
+                         help="enqueue even if no worker has registered TYPE yet")
     enqueue.add_argument("--json", action="store_true", help="print the run as JSON")
     enqueue.set_defaults(func=cmd_enqueue)
 
@@ -368,6 +370,7 @@ def _enqueue_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_attempts": _parse_int("--max-attempts", args.max_attempts),
         "dedupe_key": args.dedupe_key,
         "tags": args.tags,
+        "allow_unknown_type": args.allow_unknown_type,
     }
 
 

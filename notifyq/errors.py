@@ -6,11 +6,12 @@ The tree, rooted at :class:`NotifyqError`::
     ├── ConfigError            a setting is missing or invalid (names the setting)
     ├── SchemaError            the database schema is missing, behind or ahead of this notifyq
     ├── InvalidEnqueue         refused at the edge; nothing was written
-    │   └── PayloadTooLarge    the serialized input exceeds the limit
+    │   ├── PayloadTooLarge    the serialized input exceeds the limit
+    │   └── UnknownJobType     no worker has registered the type (also: a run's type has no
+    │                          handler in the worker that claimed it)
     ├── ConcurrencyRejected    the concurrency key is busy and its policy is "reject"
     ├── ChildFailed            a child run awaited by ctx.wait_for did not complete
     ├── StepError              a step was misused (id used twice, output not JSON)
-    ├── UnknownJobType         no handler is registered for a run's type
     ├── RunNotFound            no run with that id
     ├── InvalidTransition      the run is not in a state that allows the operation
     ├── LeaseLost              internal: a fenced write-back matched no row
@@ -41,7 +42,7 @@ class SchemaError(NotifyqError):
 
 
 class InvalidEnqueue(NotifyqError, ValueError):
-    """An enqueue was refused before anything reached the database."""
+    """An enqueue was refused (at the edge, or by the SQL function); nothing was written."""
 
 
 class PayloadTooLarge(InvalidEnqueue):
@@ -86,8 +87,15 @@ class WaitTimeout(NotifyqError):
     """A durable wait (signal or children) passed its deadline; the run ends ``timed_out``."""
 
 
-class UnknownJobType(NotifyqError):
-    """A run's type has no registered handler in this worker."""
+class UnknownJobType(InvalidEnqueue):
+    """No handler is registered for the job type.
+
+    Raised by an enqueue once some worker has registered handlers (rows in ``notifyq.job``) but
+    none for this type: check the type's spelling, or deploy its worker first. To enqueue it
+    anyway (a producer deployed before its workers), pass ``allow_unknown_type=True`` or set
+    ``NOTIFYQ_ENQUEUE__ALLOW_UNKNOWN_TYPES=true``. Also the error of a run claimed by a worker
+    that has no handler for its type.
+    """
 
 
 class RunNotFound(NotifyqError, LookupError):

@@ -53,6 +53,7 @@ class HandlerSpec:
                 "concurrency_limit": c.limit if c else None,
                 "dedupe_key_template": template_of(d.key) if d else None,
                 "dedupe_window_s": d.window_s if d else None,
+                "dedupe_states": list(d.states) if d else None,
                 "replay_from": self.replay_from,
                 "scope_entity_type": s.entity if s else None,
                 "scope_id_template": template_of(s.id_from) if s else None}

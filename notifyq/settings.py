@@ -114,6 +114,19 @@ class PurgerSettings(_Section):
     """Failed and timed-out runs (the dead-letter) are kept this long. Defaults to 7 days."""
     canceled_retention_s: Seconds = 86_400.0
     """Defaults to 1 day."""
+    signal_retention_s: Seconds = 7 * 86_400.0
+    """A signal no run has waited for (queued for the next ``wait_for_signal`` on its token) is
+    dropped after this long. Defaults to 7 days."""
+
+
+class EnqueueSettings(_Section):
+    """How enqueues of this process are checked."""
+
+    allow_unknown_types: bool = False
+    """Accept job types no worker has registered (a producer deployed before its workers).
+    Without it, once any worker has registered handlers (rows in ``notifyq.job``), enqueueing
+    another type raises ``UnknownJobType``; before the first worker starts every type is
+    accepted. A call's ``allow_unknown_type=`` wins. Defaults to False."""
 
 
 class LeaderSettings(_Section):
@@ -274,6 +287,7 @@ class Settings(BaseSettings):
     max_input_bytes: Annotated[int, Field(ge=1, le=65_536)] = 65_536
     """Largest serialized input accepted. Defaults to 65536 (the hard limit)."""
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    enqueue: EnqueueSettings = Field(default_factory=EnqueueSettings)
     reaper: ReaperSettings = Field(default_factory=ReaperSettings)
     resumer: ResumerSettings = Field(default_factory=ResumerSettings)
     purger: PurgerSettings = Field(default_factory=PurgerSettings)

@@ -25,6 +25,9 @@ def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 AUTH = (401, 403)
+AllowUnknownType = Annotated[bool | None, Query(description=(
+    "enqueue even if no worker has registered the job type (default: the server's "
+    "enqueue.allow_unknown_types); otherwise such a type is refused with 422"))]
 
 
 def _run(run: Run) -> dict[str, Any]:
@@ -41,11 +44,13 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
                                   "description": "a run with this dedupe_key exists"},
                             **_problems(400, 409, 413, 422, *AUTH)},
                  summary="Enqueue a run")
-    async def enqueue(body: schemas.EnqueueIn) -> JSONResponse:
+    async def enqueue(body: schemas.EnqueueIn,
+                      allow_unknown_type: AllowUnknownType = None) -> JSONResponse:
         run, new = await app.enqueue_request(EnqueueRequest(
             job_type=body.job_type, input=body.input, run_at=body.run_at,
             priority=body.priority, pool=body.pool, max_attempts=body.max_attempts,
-            dedupe_key=body.dedupe_key, tags=body.tags, tenant_id=body.tenant_id))
+            dedupe_key=body.dedupe_key, tags=body.tags, tenant_id=body.tenant_id),
+            allow_unknown_type=allow_unknown_type)
         if new:
             metrics_enqueued.labels(run.job_type).inc()
         return JSONResponse(_run(run), status_code=201 if new else 200)
@@ -53,8 +58,10 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
     @router.post("/jobs/batch", dependencies=admin, status_code=201,
                  response_model=schemas.BatchOut, responses=_problems(400, 413, 422, *AUTH),
                  summary="Enqueue many runs in one transaction")
-    async def enqueue_batch(body: schemas.BatchIn) -> dict[str, Any]:
-        runs = await app.enqueue_many([job.model_dump() for job in body.jobs])
+    async def enqueue_batch(body: schemas.BatchIn,
+                            allow_unknown_type: AllowUnknownType = None) -> dict[str, Any]:
+        runs = await app.enqueue_many([job.model_dump() for job in body.jobs],
+                                      allow_unknown_type=allow_unknown_type)
         for run in runs:
             metrics_enqueued.labels(run.job_type).inc()
         return {"items": [_run(r) for r in runs]}
@@ -130,7 +137,7 @@ def _add_signals(router: APIRouter, app: App, admin: list[Any]) -> None:
 
     @router.post("/signals/{token}", dependencies=admin, status_code=202,
                  response_model=schemas.SignalOut, responses=_problems(400, 413, 422, *AUTH),
-                 summary="Signal the runs waiting on a token (kept for a run that waits later)")
+                 summary="Signal the run waiting on a token (queued for the next wait if none)")
     async def send_signal(
         token: Annotated[str, Path(min_length=1, max_length=512, pattern=r"^[^\x00]+$")],
         payload: Annotated[Any, Body(description="any JSON value; {} when absent")] = None,

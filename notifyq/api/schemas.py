@@ -128,7 +128,8 @@ class StatsOut(BaseModel):
 
 class SignalOut(BaseModel):
     token: str
-    woken: int = Field(description="runs woken now (0: kept for the run that waits later)")
+    woken: int = Field(description="1: a waiting run received it; 0: queued for the next "
+                                   "wait on the token")
 
 
 class RotationOut(BaseModel):

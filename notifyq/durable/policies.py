@@ -8,10 +8,11 @@ callables only by Python enqueuers that registered the handler.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from notifyq.enqueue import DEDUPE_STATES, check_dedupe_states
 from notifyq.errors import InvalidEnqueue
 
 KeyFn = Callable[[Any], str] | str
@@ -47,20 +48,30 @@ class ConcurrencyPolicy:
 
 @dataclass(frozen=True, slots=True)
 class DedupePolicy:
-    """An enqueue whose key matches a run created within ``window_s`` returns that run.
+    """An enqueue whose key matches an existing run returns that run instead of a new one.
+
+    A run matches when its status is one of ``states``: a live one (pending, running, waiting)
+    whatever its age, a finished one (completed, failed, timed_out, canceled) only if it was
+    created within ``window_s``. By default a failed or canceled run does not match, so the key
+    can be enqueued again after a failure.
 
     Example::
 
         DedupePolicy(key="invoice:{invoice_id}", window_s=3600)
+        DedupePolicy(key="import:{file}", states=("pending", "running", "completed", "failed"))
     """
 
     key: KeyFn
     window_s: float | None = None
-    """None: any run with the key that has not been purged."""
+    """How long a finished run keeps matching. None: until it is purged."""
+    states: Sequence[str] = DEDUPE_STATES
+    """The run statuses that match. Defaults to pending, running, waiting and completed."""
 
     def __post_init__(self) -> None:
         if self.window_s is not None and self.window_s <= 0:
             raise ValueError(f"window_s must be positive, got {self.window_s}")
+        check_dedupe_states(self.states, ValueError)
+        object.__setattr__(self, "states", tuple(self.states))
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from notifyq.db.queries import Queries
 from notifyq.dispatch.outcome import error_json
 from notifyq.dispatch.retry import RetryPolicy
 from notifyq.durable.policies import ClosePolicy, ReplayFrom
-from notifyq.enqueue import encode_input, new_run_id
+from notifyq.enqueue import encode_input, new_run_id, translated_errors
 from notifyq.errors import ChildFailed, LeaseLost, StepError, WaitTimeout
 from notifyq.run import RunInfo, RunStatus
 
@@ -131,12 +131,13 @@ class DurableSession:
         if close_policy not in ("terminate", "cancel", "abandon"):
             raise StepError(f"close_policy must be terminate, cancel or abandon, "
                             f"got {close_policy!r}")
-        async with self._db.connection() as conn:
-            row = await (await conn.execute(self._q.job_run_spawn_child, {
-                "run_id": self._run.id, "fence": self._fence, "job_type": job_type,
-                "input": encode_input(input_), "run_at": run_at, "priority": priority,
-                "tags": tags, "child_id": new_run_id(), "close_policy": close_policy,
-                "step_id": step_id, "seq": seq, "attempt": self._run.attempt})).fetchone()
+        with translated_errors():  # an unknown child type: UnknownJobType
+            async with self._db.connection() as conn:
+                row = await (await conn.execute(self._q.job_run_spawn_child, {
+                    "run_id": self._run.id, "fence": self._fence, "job_type": job_type,
+                    "input": encode_input(input_), "run_at": run_at, "priority": priority,
+                    "tags": tags, "child_id": new_run_id(), "close_policy": close_policy,
+                    "step_id": step_id, "seq": seq, "attempt": self._run.attempt})).fetchone()
         if row is None:
             raise LeaseLost(f"run {self._run.id} lost its lease before spawning {step_id}")
         self._memo_put(step_id, {"status": "completed", "kind": "child",
@@ -178,13 +179,10 @@ class DurableSession:
         seq = self._next(step_id)
         memo = await self._recorded(step_id)
         if memo is not None and memo["status"] == "completed":
-            return memo["output"]["payload"]
-        async with self._db.connection() as conn:
-            row = await (await conn.execute(self._q.job_signal_get, {"token": token})).fetchone()
-        if row is not None:
-            text = json.dumps({"payload": row["payload"]})
-            await self._mark(step_id, seq, "signal", "completed", text)
-            return row["payload"]
+            return memo["output"]["payload"]  # delivered by notifyq.signal, or taken before
+        received = await self._take_signal(step_id, seq, token)
+        if received is not None:
+            return received["payload"]
         if memo is None:
             deadline = self._now() + timeout if timeout is not None else None
             text = json.dumps({"deadline": deadline.isoformat() if deadline else None})
@@ -195,6 +193,20 @@ class DurableSession:
         if deadline is not None and self._now() >= deadline:
             raise WaitTimeout(f"no signal {token!r} before the deadline {deadline.isoformat()}")
         raise Suspend("signal", token=token, until=deadline or FOREVER)
+
+    async def _take_signal(self, step_id: str, seq: int, token: str) -> dict[str, Any] | None:
+        """The oldest signal queued for ``token`` (sent while no run waited), taken from the
+        queue and recorded as this wait's completed step in one fenced statement."""
+        async with self._db.connection() as conn:
+            row = await (await conn.execute(self._q.job_signal_consume, {
+                "run_id": self._run.id, "fence": self._fence, "token": token,
+                "step_id": step_id, "seq": seq, "attempt": self._run.attempt,
+                "started_at": self._now()})).fetchone()
+        if row is not None:
+            self._memo_put(step_id, {"status": "completed", "kind": "signal", "seq": seq,
+                                     "attempt": self._run.attempt,
+                                     "output": {"payload": row["payload"]}})
+        return row
 
     # -- the memo -----------------------------------------------------------------------------
 

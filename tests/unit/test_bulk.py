@@ -12,7 +12,15 @@ import pytest
 
 from notifyq import EnqueueRequest, InvalidEnqueue, PayloadTooLarge, Run, RunStatus
 from notifyq.bulk import Batch
-from notifyq.enqueue import coerce_requests, encode_input, input_encoder, new_run_ids, prepare
+from notifyq.enqueue import (
+    _COUNTER,
+    coerce_requests,
+    encode_input,
+    input_encoder,
+    new_run_id,
+    new_run_ids,
+    prepare,
+)
 from notifyq.run import runs_from_columns
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, 6789, tzinfo=UTC)
@@ -31,12 +39,20 @@ def test_new_run_ids_are_version_7_of_this_millisecond_and_distinct() -> None:
     assert new_run_ids(0) == []
 
 
-def test_new_run_ids_use_the_74_random_bits() -> None:
-    ids = new_run_ids(2000)
-    rand_a = {(i.int >> 64) & 0xFFF for i in ids}
-    rand_b_top = {(i.int >> 61) & 1 for i in ids}
-    assert len(rand_a) > 1000  # 12 random bits
-    assert rand_b_top == {0, 1}
+def test_new_run_ids_increase_in_the_order_made_within_and_across_batches() -> None:
+    ids = new_run_ids(1000) + new_run_ids(1) + [new_run_id()] + new_run_ids(500)
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+
+
+def test_the_first_run_id_of_a_millisecond_starts_from_random_bits() -> None:
+    starts = []
+    for _ in range(300):
+        _COUNTER.reset()  # as a new millisecond (or a new process) does
+        starts.append(new_run_id().int)
+    assert len({(i >> 64) & 0xFFF for i in starts}) > 200  # rand_a: 12 random bits
+    assert {(i >> 60) & 1 for i in starts} == {0, 1}  # rand_b: 61 random bits...
+    assert {(i >> 61) & 1 for i in starts} == {0}  # ...below 2**61: room to count up
 
 
 @pytest.mark.parametrize("value", [
