@@ -29,7 +29,7 @@ import psycopg
 
 from notifyq import embedded
 from notifyq.app import App
-from notifyq.control import Stats
+from notifyq.control import RunDetail, Stats
 from notifyq.db.pool import AsyncConn, connect, require_dsn
 from notifyq.enqueue import parse_input
 from notifyq.errors import InvalidEnqueue, NotifyqError
@@ -39,6 +39,7 @@ EXIT_USAGE = 2
 EXIT_ERROR = 1
 
 LIST_LIMIT_MAX = 1000
+SHOW_LIMIT = 1000  # most steps / children `runs show` prints
 
 
 class _Parser(argparse.ArgumentParser):
@@ -155,7 +156,8 @@ def _add_runs(sub: Any) -> None:
     listing.add_argument("--json", action="store_true", help="print a JSON array")
     listing.set_defaults(func=cmd_runs_list)
 
-    for name, func, text in (("show", cmd_runs_show, "one run, with input, output and error"),
+    for name, func, text in (("show", cmd_runs_show, "one run, with input, output and error, "
+                              "its step timeline and its children"),
                              ("cancel", cmd_runs_cancel,
                               "cancel a pending/waiting run; ask a running one to stop"),
                              ("retry", cmd_runs_retry,
@@ -435,11 +437,12 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     run_id = _parse_run_id(args.run_id)
 
     async def go(app: App, conn: AsyncConn) -> int:
-        run = await app.runs.get(conn, run_id)
+        detail = await app.runs.detail(conn, run_id, limit=SHOW_LIMIT)
         if args.json:
-            _print_json(run.to_json())
+            _print_json(detail.to_json())
         else:
-            print("\n".join(_run_details(run)))
+            print("\n".join(_run_details(detail.run)))
+            print("\n".join(_timeline(detail)))
         return 0
     return _with_conn(go)
 
@@ -506,6 +509,30 @@ def _run_details(run: Run) -> Iterator[str]:
             yield f"{name}:"
             text = json.dumps(value, indent=2, ensure_ascii=False, default=_json_default)
             yield from ("  " + line for line in text.splitlines())
+
+
+_STEP_COLUMNS = ("SEQ", "STEP", "KIND", "STATUS", "TRIES", "DURATION", "MEMOIZED")
+_CHILD_COLUMNS = ("ID", "TYPE", "STATUS")
+
+
+def _timeline(detail: RunDetail) -> Iterator[str]:
+    """The steps in execution order and the children, as tables after the run's fields."""
+    if detail.steps:
+        rows = [[str(s["seq"]), s["step_id"], s["kind"], s["status"], str(s["attempts"]),
+                 _duration(s["duration_s"]), "yes" if s["memoized"] else "no"]
+                for s in detail.steps]
+        yield f"steps ({len(rows)}):"
+        yield from ("  " + line for line in _table(_STEP_COLUMNS, rows).splitlines())
+    if detail.children:
+        rows = [[str(c.id), c.job_type, c.status.value] for c in detail.children]
+        yield f"children ({len(rows)}):"
+        yield from ("  " + line for line in _table(_CHILD_COLUMNS, rows).splitlines())
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.1f}ms" if seconds < 1 else _age(seconds)
 
 
 def _when(value: datetime | None) -> str:

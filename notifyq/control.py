@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NoReturn
 from uuid import UUID
 
@@ -25,6 +26,27 @@ class Stats:
 
     def to_json(self) -> dict[str, Any]:
         return {"counts": self.counts, "runnable": self.runnable}
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    """A run with its step timeline and its children (``notifyq runs show``, ``GET
+    /v1/jobs/{id}``)."""
+
+    run: Run
+    steps: list[dict[str, Any]]
+    """In execution order: step_id, seq, kind (step, checkpoint, child, sleep, signal), status,
+    output, error, attempts, attempt, started_at, finished_at, ``duration_s`` and ``memoized``
+    (its result is stored: a replay of the run returns it instead of running the step)."""
+    children: list[Run]
+    """Runs it spawned, oldest first."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.run.to_json(),
+                "steps": [{k: v.isoformat() if isinstance(v, datetime) else v
+                           for k, v in step.items()} for step in self.steps],
+                "children": [{"id": str(c.id), "job_type": c.job_type,
+                              "status": c.status.value} for c in self.children]}
 
 
 class RunControl:
@@ -86,6 +108,15 @@ class RunControl:
         """A run's memoized steps in execution order."""
         return await (await conn.execute(self._q.job_step_list, {"run_id": run_id})).fetchall()
 
+    async def detail(self, conn: AsyncConn, run_id: UUID, *, limit: int = 1000) -> RunDetail:
+        """The run, its step timeline and its children (at most ``limit`` of each)."""
+        run = await self.get(conn, run_id)
+        steps = (await self.steps(conn, run_id))[:limit]
+        children = await (await conn.execute(self._q.job_run_list_children, {
+            "parent_run_id": run_id, "limit": limit})).fetchall()
+        return RunDetail(run, [_timed(step) for step in steps],
+                         [Run.from_row(c) for c in children])
+
     async def stats(self, conn: AsyncConn) -> Stats:
         counts = await (await conn.execute(self._q.job_run_count_by_status)).fetchall()
         runnable = await (await conn.execute(self._q.job_run_oldest_runnable, {
@@ -99,3 +130,9 @@ class RunControl:
     async def _notify(self, conn: AsyncConn, payloads: list[str]) -> None:
         await conn.execute(self._q.job_run_notify, {"channel": self._q.schema,
                                                      "payloads": payloads})
+
+
+def _timed(step: dict[str, Any]) -> dict[str, Any]:
+    started, finished = step.get("started_at"), step.get("finished_at")
+    duration = (finished - started).total_seconds() if started and finished else None
+    return {**step, "duration_s": duration, "memoized": step["status"] == "completed"}

@@ -71,13 +71,9 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
     async def get_job(id: UUID) -> dict[str, Any]:
         db = await app.pool()
         async with db.connection() as conn:
-            run = await app.runs.get(conn, id)
-            q = app.queries
-            steps = await app.runs.steps(conn, id)
-            children = await (await conn.execute(q.job_run_list_children, {
-                "parent_run_id": id, "limit": DETAIL_LIMIT})).fetchall()
-        return {**_run(run), "steps": [dict(s) for s in steps],
-                "children": [_run(Run.from_row(c)) for c in children]}
+            detail = await app.runs.detail(conn, id, limit=DETAIL_LIMIT)
+        return {**_run(detail.run), "steps": detail.steps,
+                "children": [_run(c) for c in detail.children]}
 
     @router.get("/jobs", dependencies=read, response_model=schemas.RunPage,
                 responses=_problems(422, *AUTH), summary="Runs, newest first")
