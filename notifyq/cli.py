@@ -30,7 +30,7 @@ import psycopg
 from notifyq import embedded
 from notifyq.app import App
 from notifyq.control import Stats
-from notifyq.db.pool import AsyncConn, connect, require_dsn
+from notifyq.db.pool import AsyncConn, connect_checked, require_dsn
 from notifyq.enqueue import parse_input
 from notifyq.errors import InvalidEnqueue, NotifyqError
 from notifyq.run import Run, RunStatus
@@ -325,8 +325,8 @@ async def _session(app: App) -> AsyncIterator[AsyncConn]:
     """One autocommit connection to a migrated database."""
     from notifyq.db import migrate as migrations
 
-    conn = await connect(require_dsn(app.settings.database_url),
-                         application_name="notifyq-cli")
+    conn = await connect_checked(require_dsn(app.settings.database_url),
+                                 application_name="notifyq-cli")
     async with conn:
         await migrations.require_current(conn, app.settings.schema_name)
         yield conn
