@@ -110,6 +110,7 @@ def create_api(app: App, state: ServiceState) -> FastAPI:
     api.include_router(build_router(app, auth, state.metrics.enqueued))
     _add_probes(api, app, state)
     api.add_middleware(BodyLimit, max_bytes=app.settings.api.max_body_bytes)
+    api.add_middleware(problems.Unexpected)  # added last: the outermost, sees every error
     return api
 
 
@@ -149,8 +150,7 @@ async def readiness(app: App, state: ServiceState) -> dict[str, str]:
             async with db.connection() as conn:
                 checks["database"] = "ok"
                 current = await migrations.state(conn, app.settings.schema_name)
-        checks["schema"] = "ok" if current.current else (
-            "behind: run `notifyq migrate`" if current.pending else "ahead: upgrade notifyq")
+        checks["schema"] = _schema_check(current)
     except (psycopg.Error, TimeoutError, OSError) as exc:
         checks.setdefault("database", f"unreachable ({type(exc).__name__})")
     worker = state.worker
@@ -161,3 +161,14 @@ async def readiness(app: App, state: ServiceState) -> dict[str, str]:
     else:
         checks["listener"] = "ok" if worker.notifier.connected else "disconnected"
     return checks
+
+
+def _schema_check(state: migrations.MigrationState) -> str:
+    if state.unknown:
+        return "ahead: migrated by a newer notifyq; upgrade this one"
+    if not state.applied:
+        return "not migrated: run `notifyq migrate`"
+    if state.pending:
+        missing = ", ".join(f"{m.version:04d}_{m.name}" for m in state.pending)
+        return f"behind (missing {missing}): run `notifyq migrate`"
+    return "ok"
