@@ -14,8 +14,10 @@ from typing import Any
 
 import anyio
 import psycopg
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from notifyq.api import problems, schemas
@@ -29,6 +31,7 @@ from notifyq.dispatch.worker import Worker
 log = logging.getLogger("notifyq.api")
 
 READY_TIMEOUT_S = 2.0
+DOCS_ASSETS = "/v1/docs/assets"
 
 
 @dataclass
@@ -103,15 +106,36 @@ def create_api(app: App, state: ServiceState) -> FastAPI:
     ``/readyz`` and ``/metrics``."""
     auth = Authenticator(app.settings.api)
     api = FastAPI(title="notifyq admin API", version="1", openapi_url="/v1/openapi.json",
-                  docs_url="/v1/docs", redoc_url=None,
+                  docs_url=None, redoc_url=None,
                   # JSON bodies whatever the Content-Type says (`curl -d` sends form-encoded).
                   strict_content_type=False)
     problems.install(api)
     api.include_router(build_router(app, auth, state.metrics.enqueued))
     _add_probes(api, app, state)
+    _add_docs(api)
     api.add_middleware(BodyLimit, max_bytes=app.settings.api.max_body_bytes)
     api.add_middleware(problems.Unexpected)  # added last: the outermost, sees every error
     return api
+
+
+def _add_docs(api: FastAPI) -> None:
+    """Swagger UI at ``/v1/docs``, its JS and CSS served from ``/v1/docs/assets`` out of the
+    ``fastapi-offline`` package (FastAPI's own page loads them from a CDN: blank offline or
+    behind a firewall). Like the OpenAPI document, no token needed: it holds no data."""
+    api.mount(DOCS_ASSETS, StaticFiles(packages=[("fastapi_offline", "static")]),
+              name="docs-assets")
+
+    @api.get("/v1/docs", include_in_schema=False)
+    async def docs(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}/v1/openapi.json", title=f"{api.title} (Swagger UI)",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+            oauth2_redirect_url=None,
+            # Swagger UI would send the document to validator.swagger.io for a badge.
+            swagger_ui_parameters={"validatorUrl": None})
 
 
 def _add_probes(api: FastAPI, app: App, state: ServiceState) -> None:
