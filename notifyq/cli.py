@@ -281,8 +281,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from notifyq.service import ServeOptions, serve
 
     app = load_app(args.app)
-    options = ServeOptions(host=args.host, port=args.port, worker=args.worker, api=args.api)
-    with embedded.database_for(app):
+    with embedded.database_for(app) as server:
+        # A generated admin token lives beside the embedded PostgreSQL's data directory.
+        options = ServeOptions(host=args.host, port=args.port, worker=args.worker,
+                               api=args.api, token_dir=server.data_dir.parent if server else None)
         code = run_async(lambda: serve(app, options))
     return _exit_past_hung_threads(code)
 

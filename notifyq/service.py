@@ -12,12 +12,16 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import shlex
 import signal
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskStatus
+from pydantic import SecretStr
 
 from notifyq.app import App
 from notifyq.dispatch.worker import Worker
@@ -35,6 +39,9 @@ class ServeOptions:
     port: int | None = None
     worker: bool = True
     api: bool = True
+    token_dir: Path | None = None
+    """Where a generated admin token is kept (no token configured, loopback only). Defaults
+    to the user data directory (``quickstart.default_dir``)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -66,6 +73,7 @@ async def serve(app: App, options: ServeOptions) -> int:
     if options.api:
         check_bind(app, host)
         check_address_free(_api_config(app, host, port))
+        _quick_start_token(app, options.token_dir)
     from notifyq.api.app import ServiceState
 
     state = ServiceState()
@@ -101,6 +109,26 @@ async def _run_worker(app: App, stop: anyio.Event,
 async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
+
+
+def _quick_start_token(app: App, directory: Path | None) -> None:
+    """No token configured (and, check_bind made sure, a loopback address): use the admin
+    token kept in ``directory`` (generated on the first start) and say in one line where it
+    is. The token itself is never printed or logged."""
+    from notifyq.api import quickstart
+    from notifyq.api.auth import Authenticator
+
+    api = app.settings.api
+    if Authenticator(api).configured:
+        return
+    path, token, created = quickstart.admin_token(directory or quickstart.default_dir())
+    app.settings = app.settings.model_copy(
+        update={"api": api.model_copy(update={"admin_token": SecretStr(token)})})
+    where = shlex.quote(str(path))
+    print(f"notifyq: no API token is configured: {'generated' if created else 'using'} an "
+          f"admin token in {where} (only you can read it); use it with "
+          f"`export NOTIFYQ_ADMIN_TOKEN=$(cat {where})`, or set NOTIFYQ_ADMIN_TOKEN yourself "
+          "to choose the token", file=sys.stderr, flush=True)
 
 
 def _api_config(app: App, host: str, port: int) -> Config:

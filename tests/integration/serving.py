@@ -28,7 +28,8 @@ class Served:
     """One ``notifyq serve`` process; its stderr goes to ``log_path``."""
 
     def __init__(self, dsn: str | None, log_path: Path, *, args: list[str] | None = None,
-                 env: dict[str, str] | None = None, wait: bool = True) -> None:
+                 env: dict[str, str] | None = None, wait: bool = True,
+                 tokens: bool = True) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -36,8 +37,7 @@ class Served:
         full_env = {
             **base,
             "NOTIFYQ_ENV": "test",
-            "NOTIFYQ_ADMIN_TOKEN": ADMIN,
-            "NOTIFYQ_READ_TOKEN": READER,
+            **({"NOTIFYQ_ADMIN_TOKEN": ADMIN, "NOTIFYQ_READ_TOKEN": READER} if tokens else {}),
             "NOTIFYQ_WORKER__POLL_INTERVAL_S": "0.2",
             "NOTIFYQ_WORKER__LEASE_S": "3",
             "NOTIFYQ_WORKER__SHUTDOWN_GRACE_S": "2",
