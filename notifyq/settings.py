@@ -389,6 +389,10 @@ def _yaml_source(settings_cls: type[BaseSettings], path: str) -> YamlConfigSetti
         raise ConfigError(f"{path}{where}: not valid YAML: {exc.problem}{context}") from None
     except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the config file: {exc}") from None
+    except (ValueError, TypeError):  # valid YAML, but a list or a scalar at the top
+        raise ConfigError(f"{path}: the config file must be a mapping of settings, one "
+                          "`name: value` per line (e.g. `database_url: postgresql://…`)"
+                          ) from None
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -149,6 +149,18 @@ def test_a_malformed_config_file_is_one_line_naming_the_file_line_and_column(
         "but got ':' (while parsing a flow sequence)")
 
 
+@pytest.mark.parametrize("content", ["- database_url\n- worker\n", "just some text\n"])
+def test_a_config_file_that_is_not_a_mapping_is_one_line_saying_so(tmp_path: Path,
+                                                                   content: str) -> None:
+    (tmp_path / "notifyq.yaml").write_text(content)
+
+    result, _ = run("stats", cwd=tmp_path,
+                    env={"NOTIFYQ_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x"})
+
+    assert one_error(result).startswith(
+        "notifyq: error: notifyq.yaml: the config file must be a mapping of settings")
+
+
 def test_a_port_in_use_is_one_line_naming_the_address(dsn: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
