@@ -73,12 +73,13 @@ async def serve(app: App, options: ServeOptions) -> int:
     if options.api:
         check_bind(app, host)
         check_address_free(_api_config(app, host, port))
-        _quick_start_token(app, options.token_dir)
     from notifyq.api.app import ServiceState
 
     state = ServiceState()
     stop = anyio.Event()
     async with app, anyio.create_task_group() as tg:
+        if options.api:  # once the database answered: a failed start leaves no token behind
+            _quick_start_token(app, options.token_dir)
         tg.start_soon(_stop_on_signal, stop)
         async with anyio.create_task_group() as main:
             if options.worker:

@@ -30,7 +30,10 @@ def run(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT,
         timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
     """``python -m notifyq ARGS`` with only the NOTIFYQ_* variables given; the time it took."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFYQ_")}
-    full = {**base, "PYTHONPATH": str(ROOT), "NOTIFYQ_ENV": "test", **(env or {})}
+    # serve must not generate a token when it fails to start; if it tried, it would fail here
+    # instead of writing into the real home directory.
+    full = {**base, "PYTHONPATH": str(ROOT), "NOTIFYQ_ENV": "test",
+            "XDG_DATA_HOME": "/dev/null/notifyq-test-data", **(env or {})}
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "notifyq", *args], env=full, cwd=cwd,
                             capture_output=True, text=True, timeout=timeout, check=False)
