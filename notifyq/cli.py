@@ -1,7 +1,8 @@
 """The ``notifyq`` command line. Errors are one line on stderr and a non-zero exit.
 
 Exit codes: 0 success, 1 an error (bad value, unknown run, refused transition, database
-problem), 2 a usage error (unknown flag, missing argument), 130 interrupted.
+problem), 2 a usage error (unknown flag, missing argument), 124 a ``--timeout`` ran out before
+what was waited for ended (it goes on), 130 interrupted.
 
 Commands that read or change runs open one connection (no pool, no worker machinery) and check
 first that the schema is migrated, so a fresh database says "run `notifyq migrate`" instead of
@@ -37,6 +38,7 @@ from notifyq.run import Run, RunStatus
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
+EXIT_TIMEOUT = 124  # as timeout(1) exits
 
 LIST_LIMIT_MAX = 1000
 
