@@ -425,7 +425,7 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
         if args.json:
             _print_json([r.to_json() for r in runs])
         else:
-            print(_runs_table(runs))
+            print(_runs_table(runs, await app.webhooks.tries(runs, conn=conn)))
         return 0
     return _with_conn(go)
 
@@ -482,11 +482,14 @@ def _parse_run_id(text: str) -> UUID:
 _LIST_COLUMNS = ("ID", "TYPE", "STATUS", "POOL", "PRIO", "TRIES", "RUN AT", "CREATED")
 
 
-def _runs_table(runs: list[Run]) -> str:
+def _runs_table(runs: list[Run], tries: dict[UUID, tuple[int, int]]) -> str:
+    """``tries`` overrides a run's TRIES (a webhook run's delivery attempts, see
+    ``Webhooks.tries``)."""
     if not runs:
         return "no runs"
     rows = [[str(r.id), r.job_type, r.status.value, r.pool, str(r.priority),
-             f"{r.attempts}/{r.max_attempts}", _when(r.run_at), _when(r.created_at)]
+             "{}/{}".format(*tries.get(r.id, (r.attempts, r.max_attempts))), _when(r.run_at),
+             _when(r.created_at)]
             for r in runs]
     return _table(_LIST_COLUMNS, rows)
 
