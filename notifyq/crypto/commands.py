@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 from notifyq.app import App
@@ -97,7 +96,7 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
                          "target_version": target}, lambda: str(run.id))
             return 0
         watch = RotationWatch(app, conn, run.id, report_for(sys.stderr),
-                              start_hint=_worker_command(args), clock=time.monotonic)
+                              start_hint=_worker_command(args))
         if not await watch.follow(args.timeout):
             _say(f"notifyq: error: {watch.timeout_message(args.timeout)}")
             return EXIT_TIMEOUT

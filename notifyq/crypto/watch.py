@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 from uuid import UUID
@@ -296,16 +296,16 @@ class RotationWatch:
     """Polls one rotation run until it ends (or ``timeout_s`` passes), reporting as it goes.
 
     ``start_hint`` is how to start a worker (``notifyq worker --app …``), used in the no-worker
-    line; ``clock`` is a monotonic clock in seconds."""
+    line."""
 
     def __init__(self, app: App, conn: AsyncConn, run_id: UUID, report: Report, *,
-                 start_hint: str, clock: Callable[[], float]) -> None:
+                 start_hint: str) -> None:
         self.app = app
         self.conn = conn
         self.run_id = run_id
         self.report = report
         self.start_hint = start_hint
-        self.clock = clock
+        self.clock = app.clock.monotonic
         self.last: Poll | None = None
         self._noted: str | None = None
         self._failures_noted = 0

@@ -154,3 +154,19 @@ def test_timeout_without_wait_is_refused(dsn: str) -> None:
                             capture_output=True, text=True, timeout=60, check=False)
     assert (result.returncode, result.stderr) == (
         1, "notifyq: error: --timeout only applies with --wait\n")
+
+
+def test_a_failed_attempt_of_the_rotation_is_reported_while_waiting(
+        dsn: str, sql: psycopg.Connection[Any], logs: Any) -> None:
+    vault.fill(sql, vault.keyring(1, active=1), 10, 0)
+    stale = vault.keys_env(1, 2, active=1)  # a worker deployed without the new active version
+    with Workers(dsn, logs, app=VAULT_APP, extra_env=stale) as workers:
+        workers.start()
+        result = subprocess.run(_rotate("--timeout", "6"), env=_env(dsn), cwd=ROOT,
+                                capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 124, result.stderr
+    failed = [line for line in result.stderr.splitlines() if line.startswith("attempt ")]
+    assert failed[:1] == [
+        "attempt 1 of 25 of the secret.reencrypt run failed: this worker's active key version "
+        "is 1 but the rotation targets 2: deploy NOTIFYQ_ACTIVE_KEY_VERSION=2 to every worker; "
+        "it will be retried"], result.stderr
