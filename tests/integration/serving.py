@@ -70,6 +70,26 @@ class Served:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=10)
 
+    def curl_post(self, path: str, body: bytes, *, token: str = ADMIN,
+                  content_type: str | None = "application/x-www-form-urlencoded",
+                  ) -> tuple[int, str, bytes]:
+        """POST the bytes `curl -H "Authorization: Bearer T" -d BODY URL` sends (curl 7.88:
+        form-encoded Content-Type) over a raw socket; returns (status, content type, body)."""
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+                "User-Agent: curl/7.88.1\r\nAccept: */*\r\n"
+                f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n"
+                + (f"Content-Type: {content_type}\r\n" if content_type else "") + "\r\n")
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
+            sock.sendall(head.encode() + body)
+            reader = sock.makefile("rb")
+            status = int(reader.readline().split()[1])
+            headers = {}
+            while (line := reader.readline().strip()):
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            answer = reader.read(int(headers.get("content-length", "0")))
+        return status, headers.get("content-type", ""), answer
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
 
