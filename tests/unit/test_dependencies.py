@@ -50,24 +50,22 @@ def _imports(node: ast.AST, where: Path, *, optional: bool = False) -> Iterator[
     """The absolute imports under ``node``, each marked optional when an ``except
     ImportError`` guards it."""
     if isinstance(node, ast.If) and _is_type_checking(node.test):
-        for child in node.orelse:
-            yield from _imports(child, where, optional=optional)
+        for branch in node.orelse:
+            yield from _imports(branch, where, optional=optional)
         return
     if isinstance(node, ast.Try):
         guarded = optional or any(_catches_import_error(h) for h in node.handlers)
-        for child in node.body:
-            yield from _imports(child, where, optional=guarded)
-        for child in (*node.handlers, *node.orelse, *node.finalbody):
-            yield from _imports(child, where, optional=optional)
+        for statement in node.body:
+            yield from _imports(statement, where, optional=guarded)
+        for part in (*node.handlers, *node.orelse, *node.finalbody):
+            yield from _imports(part, where, optional=optional)
         return
-    names: list[str] = []
-    if isinstance(node, ast.Import):
-        names = [alias.name for alias in node.names]
-    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-        names = [node.module]
-    for name in names:
-        yield Imported(name.partition(".")[0], f"{where.relative_to(ROOT)}:{node.lineno}",
-                       optional)
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if node.level == 0 and node.module else [])
+        for name in names:
+            yield Imported(name.partition(".")[0], f"{where.relative_to(ROOT)}:{node.lineno}",
+                           optional)
     for child in ast.iter_child_nodes(node):
         yield from _imports(child, where, optional=optional)
 
