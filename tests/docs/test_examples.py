@@ -1,8 +1,8 @@
 """The examples of README.md (and docs/*.md) run for real, so the docs cannot drift.
 
-Every fenced block of a file runs, in document order, against one fresh database and one real
-``notifyq serve`` on 127.0.0.1 (a free port, an admin token) started for the file, from a
-scratch directory outside the repository with PYTHONPATH unset:
+Every fenced block of a file runs, in document order, against one fresh database (migrated by
+``notifyq migrate``) and one real ``notifyq serve`` on 127.0.0.1 (a free port, an admin token)
+started for the file, from a scratch directory outside the repository with PYTHONPATH unset:
 
 * ``sh`` blocks run in ``bash -euo pipefail`` (``-x``: the log shows each command);
 * ``python`` blocks run in a fresh interpreter; top-level ``await`` works (the block runs in
@@ -36,7 +36,7 @@ What the blocks find (tests/docs/markdown.py parses the marks):
                                                     command itself)
     <!-- examples: serve="--app myapp:app" -->     for the whole file: arguments of its serve
 
-The interpreter under test is this one, or the venv named by ``NOTIFYQ_EXAMPLES_VENV`` (its
+The interpreter under test is this one, or the venv named by ``NOTIFYQ_WHEEL_VENV`` (its
 ``bin/python`` and ``bin/notifyq``): ``.ci/run`` points it at the venv where it installed the
 built wheel.
 """
@@ -86,7 +86,7 @@ class Tools:
 
     @classmethod
     def under_test(cls) -> Tools:
-        venv = os.environ.get("NOTIFYQ_EXAMPLES_VENV")
+        venv = os.environ.get("NOTIFYQ_WHEEL_VENV")
         if venv:
             bin_dir = Path(venv).absolute() / "bin"
             return cls([str(bin_dir / "python")], [str(bin_dir / "notifyq")])
@@ -203,7 +203,9 @@ def _environment(tools_bin: Path, dsn: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def session(request: pytest.FixtureRequest, dsn: str, tmp_path: Path) -> Iterator[Session]:
+def session(request: pytest.FixtureRequest, empty_dsn: str, tmp_path: Path,
+            ) -> Iterator[Session]:
+    dsn = empty_dsn
     document = parse(request.param, ROOT)
     workdir = tmp_path / "work"
     workdir.mkdir()
@@ -212,6 +214,9 @@ def session(request: pytest.FixtureRequest, dsn: str, tmp_path: Path) -> Iterato
             (workdir / block.options["file"]).write_text(block.code + "\n")
     tools = Tools.under_test()
     env = _environment(tools.shims(tmp_path / "bin"), dsn)
+    migrated = subprocess.run([*tools.notifyq, "migrate"], cwd=workdir, env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert migrated.returncode == 0, migrated.stderr
     keys = {k: env[k] for k in ("NOTIFYQ_KEYS", "NOTIFYQ_ACTIVE_KEY_VERSION",
                                 "NOTIFYQ_WEBHOOKS__ALLOWED_NETWORKS", "PYTHONNOUSERSITE")}
     with Receiver() as receiver, Served(

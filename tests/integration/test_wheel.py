@@ -3,8 +3,10 @@
 outside the repository with PYTHONPATH unset: it migrates, runs a worker that delivers a signed
 webhook to a loopback receiver and re-encrypts under a new key, and serves the API.
 
-The venv is built once per test session (about 30 s with pip's cache warm) and shared by the
-tests here, also across xdist workers (a file lock next to their temp directories).
+The venv is built once per test session (about 12 s with pip's cache warm) and shared by the
+tests here, also across xdist workers (a file lock next to their temp directories). With
+``NOTIFYQ_WHEEL_VENV`` set, the tests use that venv instead: ``.ci/run``'s wheel job installs
+the wheel itself and runs them (and the README's examples) against it.
 """
 
 from __future__ import annotations
@@ -87,6 +89,9 @@ def _install(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    given = os.environ.get("NOTIFYQ_WHEEL_VENV")
+    if given:
+        return Installed(Path(given).absolute(), tmp_path_factory.mktemp("elsewhere"))
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # the session's directory, above every xdist worker's own
