@@ -1,7 +1,8 @@
 """The ``notifyq`` command line. Errors are one line on stderr and a non-zero exit.
 
 Exit codes: 0 success, 1 an error (bad value, unknown run, refused transition, database
-problem), 2 a usage error (unknown flag, missing argument), 130 interrupted.
+problem), 2 a usage error (unknown flag, missing argument), 124 a ``--timeout`` ran out before
+what was waited for ended (it goes on), 130 interrupted.
 
 Commands that read or change runs open one connection (no pool, no worker machinery) and check
 first that the schema is migrated, so a fresh database says "run `notifyq migrate`" instead of
@@ -37,6 +38,7 @@ from notifyq.run import Run, RunStatus
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
+EXIT_TIMEOUT = 124  # as timeout(1) exits
 
 LIST_LIMIT_MAX = 1000
 
@@ -425,7 +427,7 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
         if args.json:
             _print_json([r.to_json() for r in runs])
         else:
-            print(_runs_table(runs))
+            print(_runs_table(runs, await app.webhooks.tries(runs, conn=conn)))
         return 0
     return _with_conn(go)
 
@@ -482,11 +484,14 @@ def _parse_run_id(text: str) -> UUID:
 _LIST_COLUMNS = ("ID", "TYPE", "STATUS", "POOL", "PRIO", "TRIES", "RUN AT", "CREATED")
 
 
-def _runs_table(runs: list[Run]) -> str:
+def _runs_table(runs: list[Run], tries: dict[UUID, tuple[int, int]]) -> str:
+    """``tries`` overrides a run's TRIES (a webhook run's delivery attempts, see
+    ``Webhooks.tries``)."""
     if not runs:
         return "no runs"
     rows = [[str(r.id), r.job_type, r.status.value, r.pool, str(r.priority),
-             f"{r.attempts}/{r.max_attempts}", _when(r.run_at), _when(r.created_at)]
+             "{}/{}".format(*tries.get(r.id, (r.attempts, r.max_attempts))), _when(r.run_at),
+             _when(r.created_at)]
             for r in runs]
     return _table(_LIST_COLUMNS, rows)
 

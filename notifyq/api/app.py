@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import psycopg
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -101,18 +101,38 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
+class JsonBodies:
+    """Read every ``/v1`` request body as JSON whatever its Content-Type says: ``curl -d``
+    sends ``application/x-www-form-urlencoded``, and FastAPI (even with
+    ``strict_content_type=False``, which covers only a missing header) would hand such a
+    body to validation as bytes, a 422. No ``/v1`` route takes anything but JSON, so the
+    header is set to ``application/json``; a body that is not JSON is then the usual 400
+    problem. FastAPI's strict default guards APIs without authentication against cross-site
+    "simple" requests; every ``/v1`` route needs a bearer token, which such a request cannot
+    carry."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
 def create_api(app: App, state: ServiceState) -> FastAPI:
     """The admin API for ``app``: ``/v1`` (OpenAPI at ``/v1/openapi.json``), ``/healthz``,
     ``/readyz`` and ``/metrics``."""
     auth = Authenticator(app.settings.api)
     api = FastAPI(title="notifyq admin API", version="1", openapi_url="/v1/openapi.json",
-                  docs_url=None, redoc_url=None,
-                  # JSON bodies whatever the Content-Type says (`curl -d` sends form-encoded).
-                  strict_content_type=False)
+                  docs_url=None, redoc_url=None)
     problems.install(api)
-    api.include_router(build_router(app, auth, state.metrics.enqueued))
+    api.include_router(build_router(app, auth, state.metrics.enqueued),
+                       dependencies=[Depends(problems.remember_route)])
     _add_probes(api, app, state)
     _add_docs(api)
+    api.add_middleware(JsonBodies)
     api.add_middleware(BodyLimit, max_bytes=app.settings.api.max_body_bytes)
     api.add_middleware(problems.Unexpected)  # added last: the outermost, sees every error
     return api

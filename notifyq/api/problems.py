@@ -131,6 +131,20 @@ def install(api: FastAPI) -> None:
     api.add_exception_handler(InvalidEnqueue, _invalid)
 
 
+ROUTE = "notifyq.route"
+"""The scope key of the list :class:`Unexpected` passes down for :func:`remember_route`."""
+
+
+async def remember_route(request: Request) -> None:
+    """A dependency of the ``/v1`` routes: hand the matched route's template to
+    :class:`Unexpected`, which sees only its own copy of the scope (the inner middlewares and
+    the router work on copies)."""
+    holder = request.scope.get(ROUTE)
+    route = request.scope.get("route")
+    if isinstance(holder, list) and route is not None:
+        holder.append(str(getattr(route, "path", "?")))
+
+
 class Unexpected:
     """The outermost ASGI layer: an exception no handler above mapped becomes a problem+json
     too. A lost database is a 503 (logged as a warning); anything else a 500 that shows no
@@ -145,6 +159,7 @@ class Unexpected:
             await self.app(scope, receive, send)
             return
         started = False
+        route: list[str] = []
 
         async def watch(message: Message) -> None:
             nonlocal started
@@ -152,17 +167,23 @@ class Unexpected:
             await send(message)
 
         try:
-            await self.app(scope, receive, watch)
+            await self.app({**scope, ROUTE: route}, receive, watch)
         except Exception as exc:
             if started:  # too late for another response: let the server drop the connection
                 raise
-            await _unexpected(scope, exc)(scope, receive, send)
+            await _unexpected(f"{scope['method']} {_where(scope, route)}", exc)(
+                scope, receive, send)
 
 
-def _unexpected(scope: Scope, exc: Exception) -> ProblemResponse:
-    # The route's template, not the path: a path may carry a signal token or an id.
-    route = getattr(scope.get("route"), "path", "?")
-    where = f"{scope.get('method', '?')} {route}"
+def _where(scope: Scope, route: list[str]) -> str:
+    """The route's template, never a /v1 path: a path may carry a signal token."""
+    if route:
+        return route[-1]
+    path = str(scope.get("path", "?"))
+    return "/v1/…" if path.startswith("/v1/") else path
+
+
+def _unexpected(where: str, exc: Exception) -> ProblemResponse:
     if isinstance(exc, _DATABASE_DOWN):
         log.warning("%s: database unavailable (%s)", where, type(exc).__name__)
         return problem(503, "the database is unavailable; try again later",
