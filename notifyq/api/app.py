@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -142,8 +143,10 @@ def _add_docs(api: FastAPI) -> None:
     """Swagger UI at ``/v1/docs``, its JS and CSS served from ``/v1/docs/assets`` out of the
     ``fastapi-offline`` package (FastAPI's own page loads them from a CDN: blank offline or
     behind a firewall). Like the OpenAPI document, no token needed: it holds no data."""
-    api.mount(DOCS_ASSETS, StaticFiles(packages=[("fastapi_offline", "static")]),
-              name="docs-assets")
+    import fastapi_offline
+
+    assets = Path(fastapi_offline.__file__).parent / "static"
+    api.mount(DOCS_ASSETS, StaticFiles(directory=assets), name="docs-assets")
 
     @api.get("/v1/docs", include_in_schema=False)
     async def docs(request: Request) -> HTMLResponse:
