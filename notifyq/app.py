@@ -20,7 +20,7 @@ from notifyq.bulk import Batch
 from notifyq.clock import Clock, SystemClock
 from notifyq.control import RunControl, Stats
 from notifyq.db import migrate as migrations
-from notifyq.db.pool import AsyncConn, open_pool, require_dsn
+from notifyq.db.pool import AsyncConn, check_connection_sync, open_pool, require_dsn
 from notifyq.db.queries import Queries, queries_for
 from notifyq.dispatch.retry import RetryPolicy
 from notifyq.dispatch.worker import Worker
@@ -447,6 +447,7 @@ class App:
     def _sync(self) -> ConnectionPool[psycopg.Connection[dict[str, Any]]]:
         if self._sync_pool is None:
             dsn = require_dsn(self.settings.database_url)
+            check_connection_sync(dsn)  # a bad DSN fails now with its cause, not in 30 s
             self._sync_pool = ConnectionPool(
                 dsn, min_size=1, max_size=self.settings.pool_max_size,
                 kwargs={"autocommit": True, "row_factory": dict_row,

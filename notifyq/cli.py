@@ -1,7 +1,8 @@
 """The ``notifyq`` command line. Errors are one line on stderr and a non-zero exit.
 
 Exit codes: 0 success, 1 an error (bad value, unknown run, refused transition, database
-problem), 2 a usage error (unknown flag, missing argument), 130 interrupted.
+problem), 2 a usage error (unknown flag, missing argument), 124 a ``--timeout`` ran out before
+what was waited for ended (it goes on), 130 interrupted.
 
 Commands that read or change runs open one connection (no pool, no worker machinery) and check
 first that the schema is migrated, so a fresh database says "run `notifyq migrate`" instead of
@@ -30,13 +31,14 @@ import psycopg
 from notifyq import embedded
 from notifyq.app import App
 from notifyq.control import RunDetail, Stats
-from notifyq.db.pool import AsyncConn, connect, require_dsn
+from notifyq.db.pool import AsyncConn, connect_checked, require_dsn
 from notifyq.enqueue import parse_input
 from notifyq.errors import InvalidEnqueue, NotifyqError
 from notifyq.run import Run, RunStatus
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
+EXIT_TIMEOUT = 124  # as timeout(1) exits
 
 LIST_LIMIT_MAX = 1000
 SHOW_LIMIT = 1000  # most steps / children `runs show` prints
@@ -285,8 +287,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from notifyq.service import ServeOptions, serve
 
     app = load_app(args.app)
-    options = ServeOptions(host=args.host, port=args.port, worker=args.worker, api=args.api)
-    with embedded.database_for(app):
+    with embedded.database_for(app) as server:
+        # A generated admin token lives beside the embedded PostgreSQL's data directory.
+        options = ServeOptions(host=args.host, port=args.port, worker=args.worker,
+                               api=args.api, token_dir=server.data_dir.parent if server else None)
         code = run_async(lambda: serve(app, options))
     return _exit_past_hung_threads(code)
 
@@ -329,8 +333,8 @@ async def _session(app: App) -> AsyncIterator[AsyncConn]:
     """One autocommit connection to a migrated database."""
     from notifyq.db import migrate as migrations
 
-    conn = await connect(require_dsn(app.settings.database_url),
-                         application_name="notifyq-cli")
+    conn = await connect_checked(require_dsn(app.settings.database_url),
+                                 application_name="notifyq-cli")
     async with conn:
         await migrations.require_current(conn, app.settings.schema_name)
         yield conn
@@ -428,7 +432,7 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
         if args.json:
             _print_json([r.to_json() for r in runs])
         else:
-            print(_runs_table(runs))
+            print(_runs_table(runs, await app.webhooks.tries(runs, conn=conn)))
         return 0
     return _with_conn(go)
 
@@ -486,11 +490,14 @@ def _parse_run_id(text: str) -> UUID:
 _LIST_COLUMNS = ("ID", "TYPE", "STATUS", "POOL", "PRIO", "TRIES", "RUN AT", "CREATED")
 
 
-def _runs_table(runs: list[Run]) -> str:
+def _runs_table(runs: list[Run], tries: dict[UUID, tuple[int, int]]) -> str:
+    """``tries`` overrides a run's TRIES (a webhook run's delivery attempts, see
+    ``Webhooks.tries``)."""
     if not runs:
         return "no runs"
     rows = [[str(r.id), r.job_type, r.status.value, r.pool, str(r.priority),
-             f"{r.attempts}/{r.max_attempts}", _when(r.run_at), _when(r.created_at)]
+             "{}/{}".format(*tries.get(r.id, (r.attempts, r.max_attempts))), _when(r.run_at),
+             _when(r.created_at)]
             for r in runs]
     return _table(_LIST_COLUMNS, rows)
 

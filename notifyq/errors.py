@@ -4,6 +4,7 @@ The tree, rooted at :class:`NotifyqError`::
 
     NotifyqError
     ├── ConfigError            a setting is missing or invalid (names the setting)
+    ├── DatabaseUnavailable    the first connection failed (says why: refused, no such database…)
     ├── SchemaError            the database schema is missing, behind or ahead of this notifyq
     ├── InvalidEnqueue         refused at the edge; nothing was written
     │   ├── PayloadTooLarge    the serialized input exceeds the limit
@@ -35,6 +36,13 @@ class NotifyqError(Exception):
 
 class ConfigError(NotifyqError):
     """A setting is missing or invalid; the message names it."""
+
+
+class DatabaseUnavailable(NotifyqError):
+    """The first connection to the database failed: the server is down or unreachable, the
+    database or role does not exist, the password is wrong. The message gives the server's
+    reason and never the password. A worker that is already running keeps reconnecting
+    instead."""
 
 
 class SchemaError(NotifyqError):

@@ -9,17 +9,26 @@ process exits 0.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
+import shlex
 import signal
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskStatus
+from pydantic import SecretStr
 
 from notifyq.app import App
 from notifyq.dispatch.worker import Worker
 from notifyq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hypercorn.config import Config
 
 log = logging.getLogger("notifyq.serve")
 
@@ -30,6 +39,9 @@ class ServeOptions:
     port: int | None = None
     worker: bool = True
     api: bool = True
+    token_dir: Path | None = None
+    """Where a generated admin token is kept (no token configured, loopback only). Defaults
+    to the user data directory (``quickstart.default_dir``)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -60,11 +72,14 @@ async def serve(app: App, options: ServeOptions) -> int:
     port = cfg.port if options.port is None else options.port
     if options.api:
         check_bind(app, host)
+        check_address_free(_api_config(app, host, port))
     from notifyq.api.app import ServiceState
 
     state = ServiceState()
     stop = anyio.Event()
     async with app, anyio.create_task_group() as tg:
+        if options.api:  # once the database answered: a failed start leaves no token behind
+            _quick_start_token(app, options.token_dir)
         tg.start_soon(_stop_on_signal, stop)
         async with anyio.create_task_group() as main:
             if options.worker:
@@ -97,22 +112,71 @@ async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
     scope.cancel()
 
 
-async def _serve_api(app: App, state: object, host: str, port: int, stop: anyio.Event) -> None:
-    from hypercorn.asyncio import serve as hypercorn_serve
+def _quick_start_token(app: App, directory: Path | None) -> None:
+    """No token configured (and, check_bind made sure, a loopback address): use the admin
+    token kept in ``directory`` (generated on the first start) and say in one line where it
+    is. The token itself is never printed or logged."""
+    from notifyq.api import quickstart
+    from notifyq.api.auth import Authenticator
+
+    api = app.settings.api
+    if Authenticator(api).configured:
+        return
+    path, token, created = quickstart.admin_token(directory or quickstart.default_dir())
+    app.settings = app.settings.model_copy(
+        update={"api": api.model_copy(update={"admin_token": SecretStr(token)})})
+    where = shlex.quote(str(path))
+    print(f"notifyq: no API token is configured: {'generated' if created else 'using'} an "
+          f"admin token in {where} (only you can read it); use it with "
+          f"`export NOTIFYQ_ADMIN_TOKEN=$(cat {where})`, or set NOTIFYQ_ADMIN_TOKEN yourself "
+          "to choose the token", file=sys.stderr, flush=True)
+
+
+def _api_config(app: App, host: str, port: int) -> Config:
     from hypercorn.config import Config
 
-    from notifyq.api.app import ServiceState, create_api
-
-    assert isinstance(state, ServiceState)  # noqa: S101
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("notifyq.api.server")
     config.graceful_timeout = app.settings.worker.shutdown_grace_s
     config.include_server_header = False
+    return config
+
+
+def check_address_free(config: Config) -> None:
+    """Bind the API's address once before anything starts, so an address in use (or not on
+    this host) is one line naming it; hypercorn would find out later, inside a task group,
+    and its error does not say which address."""
+    try:
+        sockets = config.create_sockets()
+    except OSError as exc:
+        raise _bind_error(config, exc) from None
+    for sock in sockets.insecure_sockets:
+        sock.close()
+
+
+def _bind_error(config: Config, exc: OSError) -> ConfigError:
+    todo = ("another process listens there: stop it, or choose another port with --port "
+            "(NOTIFYQ_API__PORT)" if exc.errno == errno.EADDRINUSE else
+            "choose an address of this host with --host (NOTIFYQ_API__HOST)")
+    return ConfigError(f"cannot listen on {config.bind[0]} for the admin API "
+                       f"({exc.strerror or exc}): {todo}")
+
+
+async def _serve_api(app: App, state: object, host: str, port: int, stop: anyio.Event) -> None:
+    from hypercorn.asyncio import serve as hypercorn_serve
+
+    from notifyq.api.app import ServiceState, create_api
+
+    assert isinstance(state, ServiceState)  # noqa: S101
+    config = _api_config(app, host, port)
     log.info("admin API on http://%s:%d (OpenAPI at /v1/openapi.json)", host, port)
-    await hypercorn_serve(create_api(app, state), config,  # type: ignore[arg-type]
-                          shutdown_trigger=stop.wait)
+    try:
+        await hypercorn_serve(create_api(app, state), config,  # type: ignore[arg-type]
+                              shutdown_trigger=stop.wait)
+    except OSError as exc:  # taken between check_address_free and now
+        raise _bind_error(config, exc) from None
     stop.set()
 
 

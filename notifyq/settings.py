@@ -8,6 +8,7 @@ a :class:`~notifyq.errors.ConfigError` naming the setting and its environment va
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -22,11 +23,14 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     YamlConfigSettingsSource,
 )
 
@@ -42,11 +46,25 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _string_list(value: Any) -> Any:
+    """A list from the environment, either comma-separated (``default,emails``) or JSON
+    (``["default", "emails"]``); lists (from the config file or code) pass through."""
+    if not isinstance(value, str):
+        return value
+    if value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"not a JSON list ({exc}); or give it comma-separated") from None
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
 class WorkerSettings(_Section):
     concurrency: Annotated[int, Field(ge=1, le=10_000)] = 10
     """Handlers run at once per process. Defaults to 10."""
-    pools: list[str] = Field(default_factory=lambda: ["default"])
-    """Pools this worker claims from, one producer each. Defaults to ["default"]."""
+    pools: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["default"])
+    """Pools this worker claims from, one producer each (``NOTIFYQ_WORKER__POOLS=default,emails``
+    or a JSON list). Defaults to ["default"]."""
     poll_interval_s: Seconds = 1.0
     """Fallback poll, jittered by ±10 %, for notifications that never came. Defaults to 1.0."""
     lease_s: Seconds = 30.0
@@ -62,13 +80,23 @@ class WorkerSettings(_Section):
     completer_batch_max: Annotated[int, Field(ge=1, le=10_000)] = 500
     """Most write-backs in one statement. Defaults to 500."""
 
-    @model_validator(mode="after")
-    def _check(self) -> WorkerSettings:
-        for pool in self.pools:
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return _string_list(value)
+
+    @field_validator("pools")
+    @classmethod
+    def _names(cls, pools: list[str]) -> list[str]:
+        for pool in pools:
             if not POOL_NAME.fullmatch(pool):
                 raise ValueError(f"pool name {pool!r} must match {POOL_NAME.pattern}")
-        if not self.pools:
+        if not pools:
             raise ValueError("pools must name at least one pool")
+        return pools
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkerSettings:
         if self.heartbeat_interval_s is not None and self.heartbeat_interval_s >= self.lease_s:
             raise ValueError(
                 f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be less than "
@@ -180,19 +208,13 @@ class EmbeddedSettings(_Section):
     directory (e.g. ~/.local/share/notifyq/pg)."""
 
 
-def _comma_separated(value: Any) -> Any:
-    """``"127.0.0.0/8,::1/128"`` (the environment's form) -> a list; lists pass through."""
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
-
-
 class WebhookSettings(_Section):
     """Webhook delivery (``webhook.deliver``): timeouts, retries, the SSRF guard."""
 
     allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """CIDRs the SSRF guard lets through although they are not public (e.g.
-    ``NOTIFYQ_WEBHOOKS__ALLOWED_NETWORKS=127.0.0.0/8,::1/128``). Defaults to none."""
+    ``NOTIFYQ_WEBHOOKS__ALLOWED_NETWORKS=127.0.0.0/8,::1/128``, or a JSON list). Defaults to
+    none."""
     https_only: bool = False
     """Refuse ``http://`` endpoint URLs. Defaults to False."""
     connect_timeout_s: Seconds = 5.0
@@ -228,7 +250,7 @@ class WebhookSettings(_Section):
     @field_validator("allowed_networks", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
-        return _comma_separated(value)
+        return _string_list(value)
 
     @model_validator(mode="after")
     def _check(self) -> WebhookSettings:
@@ -345,14 +367,46 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, _EnvSource(settings_cls)]
         path = os.environ.get("NOTIFYQ_CONFIG_FILE")
         if path and not Path(path).is_file():
             raise ConfigError(f"NOTIFYQ_CONFIG_FILE: no such file {path!r}")
         path = path or ("notifyq.yaml" if Path("notifyq.yaml").is_file() else None)
         if path:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+            sources.append(_yaml_source(settings_cls, path))
         return tuple(sources)
+
+
+class _EnvSource(EnvSettingsSource):
+    """The ``NOTIFYQ_*`` variables. A list or section that is not valid JSON is handed on as the
+    string it is, so validation names the setting and its variable (pydantic-settings would
+    raise a bare JSONDecodeError naming neither)."""
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo,
+                             value: Any) -> Any:
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except ValueError:
+            return value
+
+
+def _yaml_source(settings_cls: type[BaseSettings], path: str) -> YamlConfigSettingsSource:
+    """The config file, read now; a YAML syntax error names the file, line and column."""
+    import yaml
+
+    try:
+        return YamlConfigSettingsSource(settings_cls, yaml_file=path)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        context = f" ({exc.context})" if exc.context else ""
+        raise ConfigError(f"{path}{where}: not valid YAML: {exc.problem}{context}") from None
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc}") from None
+    except (ValueError, TypeError):  # valid YAML, but a list or a scalar at the top
+        raise ConfigError(f"{path}: the config file must be a mapping of settings, one "
+                          "`name: value` per line (e.g. `database_url: postgresql://…`)"
+                          ) from None
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -361,13 +415,25 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**overrides)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
+    except SettingsError as exc:  # a source failed in a way validation never saw
+        cause = f": {exc.__cause__}" if exc.__cause__ else ""
+        raise ConfigError(f"invalid configuration: {exc}{cause}") from None
+
+
+# Validation errors about a value of the wrong shape; from the environment such a value is a
+# string that was not JSON.
+_SHAPE_ERRORS = {"list_type", "dict_type", "model_type", "model_attributes_type"}
 
 
 def _describe(exc: ValidationError) -> str:
     problems = []
-    for error in exc.errors(include_input=False, include_url=False):
+    for error in exc.errors(include_url=False):
         path = [str(part) for part in error["loc"]]
         env = "NOTIFYQ_" + "__".join(part.upper() for part in path) if path else "NOTIFYQ_*"
         where = ".".join(path) or "settings"
-        problems.append(f"{where} ({env}): {error['msg']}")
+        hint = ""
+        if error["type"] in _SHAPE_ERRORS and isinstance(error.get("input"), str):
+            shape = "list" if error["type"] == "list_type" else "object"
+            hint = f" (in the environment: a JSON {shape})"
+        problems.append(f"{where} ({env}): {error['msg']}{hint}")
     return "invalid configuration: " + "; ".join(problems)

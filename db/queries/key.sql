@@ -56,6 +56,32 @@ WHERE run_id = %(run_id)s AND column_name = %(column_name)s
 -- name: key_rotation_progress_list
 SELECT * FROM {schema}.key_rotation_progress WHERE run_id = %(run_id)s ORDER BY column_name
 
+-- name: key_rotation_watch
+-- One poll of `notifyq keys rotate --wait`: the run's state; how long it has been due without a
+-- worker claiming it (`unclaimed_s`: pending past its run_at) or held by a worker that stopped
+-- renewing its lease (`lease_lapsed_s`: running past lease_expires_at); and per column the
+-- checkpoint with the rows it could not decrypt. No row when the run is gone.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+SELECT r.status, r.pool, r.attempts, r.max_attempts, r.error ->> 'message' AS error,
+       CASE WHEN r.status = 'pending'
+            THEN extract(epoch FROM n.now - r.run_at)::float8 END AS unclaimed_s,
+       CASE WHEN r.status = 'running'
+            THEN extract(epoch FROM n.now - r.lease_expires_at)::float8 END AS lease_lapsed_s,
+       coalesce(c.columns, '[]'::jsonb) AS columns
+FROM {schema}.job_run r
+CROSS JOIN n
+LEFT JOIN LATERAL (
+    SELECT jsonb_agg(jsonb_build_object(
+               'column', p.column_name, 'pass', p.pass, 'reencrypted', p.reencrypted,
+               'conflicts', p.conflicts, 'finished', p.finished_at IS NOT NULL,
+               'undecryptable', (SELECT count(*) FROM {schema}.key_rotation_failure f
+                                 WHERE f.run_id = p.run_id AND f.column_name = p.column_name))
+           ORDER BY p.column_name) AS columns
+    FROM {schema}.key_rotation_progress p
+    WHERE p.run_id = r.id
+) c ON true
+WHERE r.id = %(run_id)s
+
 -- name: key_rotation_progress_checkpoint
 -- Committed in the batch's own transaction: the batch and its checkpoint land together.
 UPDATE {schema}.key_rotation_progress

@@ -177,7 +177,26 @@ LEFT JOIN streak s ON s.id = v.endpoint_id
 LEFT JOIN {schema}.webhook_endpoint e ON e.id = v.endpoint_id
 
 -- name: webhook_attempt_list
-SELECT * FROM {schema}.webhook_attempt
+-- Every attempt of a message, oldest first. `attempt` numbers a delivery's attempts per trigger:
+-- a scheduled one as stored (1, 2, ... within the current series; a recovery starts a new one),
+-- a manual resend 1, 2, ... in the order they were made (what a manual row stores is the count
+-- of scheduled attempts before it, which would repeat a scheduled attempt's number).
+SELECT id, message_id, endpoint_id, run_id, trigger,
+       CASE WHEN trigger = 'manual'
+            THEN (row_number() OVER (PARTITION BY endpoint_id, trigger ORDER BY id))::integer
+            ELSE attempt END AS attempt,
+       webhook_timestamp, url, status_code, error_kind, error, duration_ms, response_body,
+       response_truncated, next_attempt_at, created_at
+FROM {schema}.webhook_attempt
 WHERE message_id = %(message_id)s
 ORDER BY id
 LIMIT %(limit)s
+
+-- name: webhook_attempt_count_by_run
+-- How many attempts each of these webhook.deliver runs made (their messages' ids narrow the
+-- search to the message index). A run's own `attempts` cannot say: a scheduled retry is a
+-- snooze, which gives the attempt back.
+SELECT run_id, count(*)::integer AS n
+FROM {schema}.webhook_attempt
+WHERE message_id = ANY (%(message_ids)s::text[]) AND run_id = ANY (%(run_ids)s::uuid[])
+GROUP BY run_id

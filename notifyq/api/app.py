@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
 import psycopg
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from notifyq.api import problems, schemas
@@ -29,6 +32,7 @@ from notifyq.dispatch.worker import Worker
 log = logging.getLogger("notifyq.api")
 
 READY_TIMEOUT_S = 2.0
+DOCS_ASSETS = "/v1/docs/assets"
 
 
 @dataclass
@@ -98,19 +102,63 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
+class JsonBodies:
+    """Read every ``/v1`` request body as JSON whatever its Content-Type says: ``curl -d``
+    sends ``application/x-www-form-urlencoded``, and FastAPI (even with
+    ``strict_content_type=False``, which covers only a missing header) would hand such a
+    body to validation as bytes, a 422. No ``/v1`` route takes anything but JSON, so the
+    header is set to ``application/json``; a body that is not JSON is then the usual 400
+    problem. FastAPI's strict default guards APIs without authentication against cross-site
+    "simple" requests; every ``/v1`` route needs a bearer token, which such a request cannot
+    carry."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
 def create_api(app: App, state: ServiceState) -> FastAPI:
     """The admin API for ``app``: ``/v1`` (OpenAPI at ``/v1/openapi.json``), ``/healthz``,
     ``/readyz`` and ``/metrics``."""
     auth = Authenticator(app.settings.api)
     api = FastAPI(title="notifyq admin API", version="1", openapi_url="/v1/openapi.json",
-                  docs_url="/v1/docs", redoc_url=None,
-                  # JSON bodies whatever the Content-Type says (`curl -d` sends form-encoded).
-                  strict_content_type=False)
+                  docs_url=None, redoc_url=None)
     problems.install(api)
-    api.include_router(build_router(app, auth, state.metrics.enqueued))
+    api.include_router(build_router(app, auth, state.metrics.enqueued),
+                       dependencies=[Depends(problems.remember_route)])
     _add_probes(api, app, state)
+    _add_docs(api)
+    api.add_middleware(JsonBodies)
     api.add_middleware(BodyLimit, max_bytes=app.settings.api.max_body_bytes)
+    api.add_middleware(problems.Unexpected)  # added last: the outermost, sees every error
     return api
+
+
+def _add_docs(api: FastAPI) -> None:
+    """Swagger UI at ``/v1/docs``, its JS and CSS served from ``/v1/docs/assets`` out of the
+    ``fastapi-offline`` package (FastAPI's own page loads them from a CDN: blank offline or
+    behind a firewall). Like the OpenAPI document, no token needed: it holds no data."""
+    import fastapi_offline
+
+    assets = Path(fastapi_offline.__file__).parent / "static"
+    api.mount(DOCS_ASSETS, StaticFiles(directory=assets), name="docs-assets")
+
+    @api.get("/v1/docs", include_in_schema=False)
+    async def docs(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}/v1/openapi.json", title=f"{api.title} (Swagger UI)",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+            oauth2_redirect_url=None,
+            # Swagger UI would send the document to validator.swagger.io for a badge.
+            swagger_ui_parameters={"validatorUrl": None})
 
 
 def _add_probes(api: FastAPI, app: App, state: ServiceState) -> None:
@@ -149,8 +197,7 @@ async def readiness(app: App, state: ServiceState) -> dict[str, str]:
             async with db.connection() as conn:
                 checks["database"] = "ok"
                 current = await migrations.state(conn, app.settings.schema_name)
-        checks["schema"] = "ok" if current.current else (
-            "behind: run `notifyq migrate`" if current.pending else "ahead: upgrade notifyq")
+        checks["schema"] = _schema_check(current)
     except (psycopg.Error, TimeoutError, OSError) as exc:
         checks.setdefault("database", f"unreachable ({type(exc).__name__})")
     worker = state.worker
@@ -161,3 +208,14 @@ async def readiness(app: App, state: ServiceState) -> dict[str, str]:
     else:
         checks["listener"] = "ok" if worker.notifier.connected else "disconnected"
     return checks
+
+
+def _schema_check(state: migrations.MigrationState) -> str:
+    if state.unknown:
+        return "ahead: migrated by a newer notifyq; upgrade this one"
+    if not state.applied:
+        return "not migrated: run `notifyq migrate`"
+    if state.pending:
+        missing = ", ".join(f"{m.version:04d}_{m.name}" for m in state.pending)
+        return f"behind (missing {missing}): run `notifyq migrate`"
+    return "ok"

@@ -14,6 +14,11 @@ from notifyq.settings import ApiSettings
 
 Scope = Literal["read", "admin"]
 
+# The same words whoever asks: they say how, never which tokens exist or where they are kept.
+HOW_TO_AUTHENTICATE = ("send the header `Authorization: Bearer <token>` with a token this "
+                       "server is configured with (NOTIFYQ_ADMIN_TOKEN or NOTIFYQ_READ_TOKEN; "
+                       "`notifyq serve` prints where it keeps the one it generated)")
+
 
 @dataclass(frozen=True)
 class _Token:
@@ -58,11 +63,12 @@ class Authenticator:
             kind, _, value = header.partition(" ")
             challenge = {"WWW-Authenticate": 'Bearer realm="notifyq"'}
             if kind.lower() != "bearer" or not value.strip():
-                raise HTTPException(401, "missing bearer token (Authorization: Bearer ...)",
+                raise HTTPException(401, f"missing bearer token: {HOW_TO_AUTHENTICATE}",
                                     headers=challenge)
             token = self.identify(value.strip())
             if token is None:
-                raise HTTPException(401, "invalid bearer token", headers=challenge)
+                raise HTTPException(401, f"invalid bearer token: {HOW_TO_AUTHENTICATE}",
+                                    headers=challenge)
             if scope not in token.scopes:
                 raise HTTPException(403, f"token {token.name!r} lacks the {scope!r} scope")
             return token.name

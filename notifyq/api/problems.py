@@ -3,15 +3,21 @@ fault. Every refusal is a 4xx with one of these bodies; nothing a client sends b
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
 
+import psycopg
+import psycopg_pool
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from notifyq.errors import (
     ConcurrencyRejected,
+    DatabaseUnavailable,
     InvalidEnqueue,
     InvalidTransition,
     PayloadTooLarge,
@@ -20,12 +26,17 @@ from notifyq.errors import (
     SchemaError,
 )
 
+log = logging.getLogger("notifyq.api")
+
 MEDIA_TYPE = "application/problem+json"
 
 TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
           405: "Method Not Allowed", 409: "Conflict", 413: "Content Too Large",
           415: "Unsupported Media Type", 422: "Unprocessable Content",
-          503: "Service Unavailable"}
+          500: "Internal Server Error", 503: "Service Unavailable"}
+
+# The database went away (or never came): a 503 the client may retry, not a bug.
+_DATABASE_DOWN = (psycopg.OperationalError, psycopg_pool.PoolTimeout, DatabaseUnavailable)
 
 
 class ProblemResponse(JSONResponse):
@@ -118,3 +129,67 @@ def install(api: FastAPI) -> None:
     api.add_exception_handler(SchemaError, _schema)
     api.add_exception_handler(ConcurrencyRejected, _busy)
     api.add_exception_handler(InvalidEnqueue, _invalid)
+
+
+ROUTE = "notifyq.route"
+"""The scope key of the list :class:`Unexpected` passes down for :func:`remember_route`."""
+
+
+async def remember_route(request: Request) -> None:
+    """A dependency of the ``/v1`` routes: hand the matched route's template to
+    :class:`Unexpected`, which sees only its own copy of the scope (the inner middlewares and
+    the router work on copies)."""
+    holder = request.scope.get(ROUTE)
+    route = request.scope.get("route")
+    if isinstance(holder, list) and route is not None:
+        holder.append(str(getattr(route, "path", "?")))
+
+
+class Unexpected:
+    """The outermost ASGI layer: an exception no handler above mapped becomes a problem+json
+    too. A lost database is a 503 (logged as a warning); anything else a 500 that shows no
+    internals, only an id to find the one ERROR record (with the traceback) in the log.
+    Without it Starlette answers text/plain and hypercorn logs the traceback a second time."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+        route: list[str] = []
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app({**scope, ROUTE: route}, receive, watch)
+        except Exception as exc:
+            if started:  # too late for another response: let the server drop the connection
+                raise
+            await _unexpected(f"{scope['method']} {_where(scope, route)}", exc)(
+                scope, receive, send)
+
+
+def _where(scope: Scope, route: list[str]) -> str:
+    """The route's template, never a /v1 path: a path may carry a signal token."""
+    if route:
+        return route[-1]
+    path = str(scope.get("path", "?"))
+    return "/v1/…" if path.startswith("/v1/") else path
+
+
+def _unexpected(where: str, exc: Exception) -> ProblemResponse:
+    if isinstance(exc, _DATABASE_DOWN):
+        log.warning("%s: database unavailable (%s)", where, type(exc).__name__)
+        return problem(503, "the database is unavailable; try again later",
+                       headers={"Retry-After": "5"})
+    error_id = uuid.uuid4().hex[:12]
+    log.error("%s: unexpected %s (error id %s)", where, type(exc).__name__, error_id,
+              exc_info=exc)
+    return problem(500, f"unexpected server error (error id {error_id}); the server log has "
+                   "the details")

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from notifyq.api import schemas
 from notifyq.api.auth import Authenticator
+from notifyq.api.gate import SchemaGate
 from notifyq.api.problems import MEDIA_TYPE, problem
 from notifyq.app import App
 from notifyq.enqueue import JOB_TYPE, POOL, EnqueueRequest
@@ -35,8 +36,9 @@ def _run(run: Run) -> dict[str, Any]:
 
 
 def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRouter:
-    read = [Depends(auth.require("read"))]
-    admin = [Depends(auth.require("admin"))]
+    schema = Depends(SchemaGate(app))  # after the token check: strangers learn nothing
+    read = [Depends(auth.require("read")), schema]
+    admin = [Depends(auth.require("admin")), schema]
     router = APIRouter(prefix="/v1")
 
     @router.post("/jobs", dependencies=admin, status_code=201, response_model=schemas.RunOut,

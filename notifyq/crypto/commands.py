@@ -2,22 +2,22 @@
 
 Each command loads the app (``--app MODULE:ATTR`` for columns registered in code; otherwise a
 bare App from the environment), checks the configured keys against the database, and prints
-text or, with ``--json``, JSON.
+text or, with ``--json``, JSON. ``rotate`` prints the run id alone on stdout (for scripts) and
+says what it did on stderr; ``rotate --wait`` reports progress on stderr while it waits (see
+:mod:`notifyq.crypto.watch`).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
-import anyio
-
 from notifyq.app import App
+from notifyq.crypto.watch import RotationWatch, report_for
 from notifyq.db.pool import AsyncConn
 from notifyq.errors import NotifyqError
 from notifyq.run import Run, RunStatus
-
-WAIT_POLL_S = 0.5
 
 
 def add_keys_parser(sub: Any) -> None:
@@ -31,7 +31,11 @@ def add_keys_parser(sub: Any) -> None:
     rotate = actions.add_parser("rotate", help="re-encrypt every registered column under the "
                                                "active key version (prints the run id)")
     rotate.add_argument("--wait", action="store_true",
-                        help="wait for the rotation to finish; exit 1 unless every row moved")
+                        help="wait for the rotation to finish, showing progress on stderr; "
+                             "exit 1 unless every row moved")
+    rotate.add_argument("--timeout", metavar="S", type=_seconds,
+                        help="with --wait: stop waiting after S seconds, exit 124 (the "
+                             "rotation is not canceled)")
     rotate.add_argument("--batch-size", metavar="N", type=int, help="rows per batch (500)")
     rotate.add_argument("--pause-s", metavar="S", type=float,
                         help="pause between batches to spare a busy database (0)")
@@ -65,16 +69,38 @@ def cmd_keys_status(args: argparse.Namespace) -> int:
     return _with_app(args, go)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
 def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    from notifyq.cli import EXIT_TIMEOUT
+
+    if args.timeout is not None and not args.wait:
+        raise NotifyqError("--timeout only applies with --wait")
+
     async def go(app: App, conn: AsyncConn) -> int:
         run, created = await app.keys.rotate(conn, batch_size=args.batch_size,
                                              pause_s=args.pause_s)
+        target = app.keyring.active_version
+        _say(f"{'started' if created else 'already under way:'} rotation to key version "
+             f"{target}, {run.job_type} run {run.id} (pool {run.pool})")
         if not args.wait:
             _emit(args, {"run_id": str(run.id), "created": created,
-                         "target_version": app.keyring.active_version},
-                  lambda: str(run.id))
+                         "target_version": target}, lambda: str(run.id))
             return 0
-        run = await _wait(app, conn, run)
+        watch = RotationWatch(app, conn, run.id, report_for(sys.stderr),
+                              start_hint=_worker_command(args))
+        if not await watch.follow(args.timeout):
+            _say(f"notifyq: error: {watch.timeout_message(args.timeout)}")
+            return EXIT_TIMEOUT
+        run = await app.runs.get(conn, run.id)
         status = await app.keys.status(conn)
         failures = await app.keys.failures(conn, run.id)
         _emit(args, {"run": run.to_json(), "status": status, "undecryptable": failures},
@@ -94,11 +120,13 @@ def cmd_keys_retire(args: argparse.Namespace) -> int:
     return _with_app(args, go)
 
 
-async def _wait(app: App, conn: AsyncConn, run: Run) -> Run:
-    while not run.status.terminal:
-        await anyio.sleep(WAIT_POLL_S)  # polling the run's row, the truth about its state
-        run = await app.runs.get(conn, run.id)
-    return run
+def _worker_command(args: argparse.Namespace) -> str:
+    return "notifyq worker" + (f" --app {args.app}" if args.app else "")
+
+
+def _say(text: str) -> None:
+    """What a command did, on stderr: stdout stays the value scripts read."""
+    print(text, file=sys.stderr, flush=True)
 
 
 def _emit(args: argparse.Namespace, data: Any, text: Any) -> None:

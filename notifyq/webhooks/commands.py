@@ -1,6 +1,10 @@
 """``notifyq webhooks ...``: endpoints (add, list, enable, disable, rotate-secret), send,
 attempts, resend and recover. Text by default, JSON with ``--json``. A secret is printed only by
-``add`` and ``rotate-secret``: the one time it is shown."""
+``add`` and ``rotate-secret``: the one time it is shown.
+
+Every command that changes something says what it did in one line. Those that create something
+(``endpoints add``, ``send``, ``resend``) print what scripts read on stdout (the id, the secret,
+the run ids) and that line on stderr; the others print it on stdout."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from notifyq.app import App
 from notifyq.db.pool import AsyncConn
 from notifyq.errors import InvalidEndpoint
 from notifyq.webhooks.endpoints import Endpoint
+from notifyq.webhooks.service import SentMessage
 
 
 def add_webhooks_parser(sub: Any) -> None:
@@ -116,6 +121,20 @@ def _emit(args: argparse.Namespace, value: Any, text: str) -> None:
         print(text)
 
 
+def _say(text: str) -> None:
+    """What a creating command did, on stderr: stdout stays the value scripts read."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def _plural(n: int, word: str, words: str | None = None) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {words or word + 's'}"
+
+
+def _types(e: Endpoint) -> str:
+    return ("event types " + ", ".join(e.event_types) if e.event_types is not None
+            else "every event type")
+
+
 def _endpoint_line(e: Endpoint) -> str:
     state = "enabled" if e.enabled else f"disabled ({e.disabled_reason})"
     types = ",".join(e.event_types) if e.event_types else "*"
@@ -139,6 +158,8 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         e = await app.webhooks.create_endpoint(
             args.url, description=args.description, event_types=args.event_types,
             headers=headers, secret=args.secret, enabled=not args.disabled, conn=conn)
+        _say(f"created endpoint {e.id} for {e.url} ({_types(e)}, "
+             f"{'enabled' if e.enabled else 'disabled'})")
         _emit(args, e.to_json(), f"{e.id}\nsecret (shown once, store it now): {e.secret}")
         return 0
     return _run(args, go)
@@ -156,7 +177,8 @@ def cmd_endpoints_list(args: argparse.Namespace) -> int:
 def cmd_endpoints_enable(args: argparse.Namespace) -> int:
     async def go(app: App, conn: AsyncConn) -> int:
         e = await app.webhooks.enable_endpoint(args.endpoint_id, conn=conn)
-        _emit(args, e.to_json(), _endpoint_line(e))
+        _emit(args, e.to_json(), f"enabled endpoint {e.id} ({e.url}): new messages go to it "
+                                 "again and its failure streak starts from zero")
         return 0
     return _run(args, go)
 
@@ -164,7 +186,8 @@ def cmd_endpoints_enable(args: argparse.Namespace) -> int:
 def cmd_endpoints_disable(args: argparse.Namespace) -> int:
     async def go(app: App, conn: AsyncConn) -> int:
         e = await app.webhooks.disable_endpoint(args.endpoint_id, args.reason, conn=conn)
-        _emit(args, e.to_json(), _endpoint_line(e))
+        _emit(args, e.to_json(), f"disabled endpoint {e.id} ({e.url}): {e.disabled_reason}; "
+                                 "its pending deliveries are canceled")
         return 0
     return _run(args, go)
 
@@ -173,7 +196,11 @@ def cmd_endpoints_rotate(args: argparse.Namespace) -> int:
     async def go(app: App, conn: AsyncConn) -> int:
         e = await app.webhooks.rotate_secret(args.endpoint_id, secret=args.secret,
                                              grace_s=args.grace_s, conn=conn)
-        _emit(args, e.to_json(), f"new secret (shown once, store it now): {e.secret}")
+        grace = app.webhooks.settings.secret_grace_s if args.grace_s is None else args.grace_s
+        old = (f"the previous one keeps signing for {grace:g} s" if grace
+               else "the previous one no longer signs")
+        _emit(args, e.to_json(), f"rotated the signing secret of endpoint {e.id}: {old}\n"
+                                 f"new secret (shown once, store it now): {e.secret}")
         return 0
     return _run(args, go)
 
@@ -188,25 +215,82 @@ def cmd_send(args: argparse.Namespace) -> int:
     async def go(app: App, conn: AsyncConn) -> int:
         sent = await app.webhooks.send(args.event_type, payload, endpoint_id=args.endpoint,
                                        idempotency_key=args.idempotency_key, conn=conn)
+        _say(_sent_text(sent, args.event_type))
         _emit(args, sent.to_json(), sent.id)
         return 0
     return _run(args, go)
 
 
+def _sent_text(sent: SentMessage, event_type: str) -> str:
+    if not sent.created:
+        return (f"the idempotency key matched message {sent.id}, sent earlier to "
+                f"{_plural(sent.deliveries, 'endpoint')}: nothing new was sent")
+    if not sent.deliveries:
+        return (f"stored message {sent.id}, but no enabled endpoint subscribes to {event_type}: "
+                "nothing will be delivered")
+    return f"sent message {sent.id} ({event_type}) to {_plural(sent.deliveries, 'endpoint')}"
+
+
 def cmd_attempts(args: argparse.Namespace) -> int:
     async def go(app: App, conn: AsyncConn) -> int:
         rows = await app.webhooks.attempts(args.message_id, conn=conn)
-        lines = [f"{r['created_at'].isoformat()}  {r['trigger']:<9}  #{r['attempt']}  "
-                 f"{r['status_code'] or r['error_kind']}  {r['duration_ms']:.1f} ms  "
-                 f"{r['endpoint_id']}" for r in rows]
-        _emit(args, rows, "\n".join(lines) or "no attempts")
+        if args.json:
+            _emit(args, rows, "")
+            return 0
+        message = await app.webhooks.message(args.message_id, conn=conn)
+        print(attempts_text(rows, message["deliveries"]))
         return 0
     return _run(args, go)
+
+
+def attempts_text(rows: list[dict[str, Any]], deliveries: list[dict[str, Any]]) -> str:
+    """A table of the attempts, then one line per delivery: where it stands."""
+    from notifyq.cli import _table, _when
+
+    parts = []
+    if rows:
+        parts.append(_table(["WHEN", "ATTEMPT", "RESULT", "DURATION", "ENDPOINT"], [
+            [_when(r["created_at"]), attempt_label(r),
+             str(r["status_code"] or r["error_kind"]), f"{r['duration_ms']:.1f} ms",
+             str(r["endpoint_id"])] for r in rows]))
+    else:
+        parts.append("no attempts")
+    parts.append("\n".join(_delivery_line(d, rows) for d in deliveries))
+    return "\n\n".join(p for p in parts if p)
+
+
+def attempt_label(row: dict[str, Any]) -> str:
+    """``scheduled 2/8``: the second attempt of a delivery's schedule of 8; ``manual 1``: its
+    first manual resend."""
+    if row["trigger"] == "manual":
+        return f"manual {row['attempt']}"
+    return f"scheduled {row['attempt']}/{row['max_attempts']}"
+
+
+def _delivery_line(delivery: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    from notifyq.cli import _when
+
+    mine = [r for r in rows if r["endpoint_id"] == delivery["endpoint_id"]]
+    manual = sum(1 for r in mine if r["trigger"] == "manual")
+    status, made, limit = delivery["status"], delivery["attempts"], delivery["max_attempts"]
+    line = f"endpoint {delivery['endpoint_id']}: " + (
+        f"{status} after {made} of {limit} scheduled attempts" if made
+        else f"pending, no scheduled attempt yet (at most {limit})" if status == "pending"
+        else f"{status} before any scheduled attempt")
+    scheduled = [r for r in mine if r["trigger"] == "scheduled"]
+    if delivery["status"] == "pending" and scheduled and scheduled[-1]["next_attempt_at"]:
+        line += f", next at {_when(scheduled[-1]['next_attempt_at'])}"
+    if manual:
+        line += f", and {_plural(manual, 'manual resend')}"
+    return line
 
 
 def cmd_resend(args: argparse.Namespace) -> int:
     async def go(app: App, conn: AsyncConn) -> int:
         rows = await app.webhooks.resend(args.message_id, endpoint_id=args.endpoint, conn=conn)
+        _say(f"resending message {args.message_id} to {_plural(len(rows), 'endpoint')}: one "
+             "manual attempt each, no retries (see `notifyq webhooks attempts "
+             f"{args.message_id}`)")
         _emit(args, rows, "\n".join(str(r["run_id"]) for r in rows))
         return 0
     return _run(args, go)
@@ -222,6 +306,14 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
     async def go(app: App, conn: AsyncConn) -> int:
         rows = await app.webhooks.recover(args.endpoint_id, since, conn=conn)
-        _emit(args, rows, f"recovered {len(rows)} deliveries")
+        _emit(args, rows, _recovered_text(len(rows), args.endpoint_id, since))
         return 0
     return _run(args, go)
+
+
+def _recovered_text(n: int, endpoint_id: str, since: datetime) -> str:
+    what = f"of endpoint {endpoint_id} last attempted since {since.isoformat()}"
+    if not n:
+        return f"no failed delivery {what}: nothing to recover"
+    return (f"recovered {_plural(n, 'failed delivery', 'failed deliveries')} {what}: each "
+            "starts a new series of scheduled attempts")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,6 +29,7 @@ from psycopg.types.json import Jsonb
 from notifyq.crypto.columns import EncryptedColumn
 from notifyq.enqueue import jsonb_problem, translate_db_error
 from notifyq.errors import ConfigError, InvalidEndpoint, InvalidEnqueue, WebhookNotFound
+from notifyq.run import Run
 from notifyq.webhooks import endpoints as checks
 from notifyq.webhooks.endpoints import Endpoint
 from notifyq.webhooks.signing import generate_secret, secret_key
@@ -258,22 +259,53 @@ class Webhooks:
         assert row is not None  # noqa: S101 - the function returns one row
         return SentMessage(row["message_id"], row["created"], row["deliveries"])
 
+    @property
+    def max_attempts(self) -> int:
+        """The scheduled attempts a delivery gets: one per ``webhooks.retry_schedule_s`` entry
+        (as configured in this process; workers should agree)."""
+        return len(self.settings.retry_schedule_s)
+
     async def message(self, message_id: str, *, conn: AnyConn | None = None) -> dict[str, Any]:
-        """The message with its deliveries (one per endpoint)."""
+        """The message with its deliveries (one per endpoint): ``attempts`` scheduled attempts
+        made of ``max_attempts``."""
         q = self._app.queries
         async with self._conn(conn) as c:
             row = await self._one(c, q.webhook_message_get, {"id": message_id})
             if row is None:
                 raise WebhookNotFound(f"no webhook message {message_id}")
             deliveries = await self._all(c, q.webhook_delivery_list, {"message_id": message_id})
-        return {**row, "deliveries": deliveries}
+        return {**row, "deliveries": [{**d, "max_attempts": self.max_attempts}
+                                      for d in deliveries]}
 
     async def attempts(self, message_id: str, *, limit: int = ATTEMPTS_LISTED,
                        conn: AnyConn | None = None) -> list[dict[str, Any]]:
-        """Every attempt of the message, oldest first."""
+        """Every attempt of the message, oldest first. ``attempt`` counts per delivery and
+        trigger: scheduled attempts 1..``max_attempts`` (the schedule's length; a recovery
+        starts again at 1), manual resends 1, 2, ... (``max_attempts`` None: no retries)."""
         async with self._conn(conn) as c:
-            return await self._all(c, self._app.queries.webhook_attempt_list,
+            rows = await self._all(c, self._app.queries.webhook_attempt_list,
                                    {"message_id": message_id, "limit": limit})
+        return [{**r, "max_attempts": self.max_attempts if r["trigger"] == "scheduled"
+                 else None} for r in rows]
+
+    async def tries(self, runs: Sequence[Run], *,
+                    conn: AnyConn | None = None) -> dict[UUID, tuple[int, int]]:
+        """Per ``webhook.deliver`` run among ``runs``: (attempts it made, attempts it may make):
+        the schedule's length for a scheduled run, 1 for a manual resend. The run's own
+        ``attempts`` / ``max_attempts`` (0/100 after two failed attempts) count executions: a
+        scheduled retry is a snooze, which does not count, and 100 only stops a crash loop."""
+        mine = {r.id: r.input for r in runs
+                if r.job_type == DELIVER and isinstance(r.input, dict)}
+        if not mine:
+            return {}
+        async with self._conn(conn) as c:
+            rows = await self._all(c, self._app.queries.webhook_attempt_count_by_run, {
+                "message_ids": sorted({str(i.get("message_id")) for i in mine.values()}),
+                "run_ids": list(mine)})
+        made = {r["run_id"]: r["n"] for r in rows}
+        return {run_id: (made.get(run_id, 0),
+                         1 if data.get("trigger") == "manual" else self.max_attempts)
+                for run_id, data in mine.items()}
 
     async def resend(self, message_id: str, *, endpoint_id: UUID | str | None = None,
                      conn: AnyConn | None = None) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -13,7 +14,7 @@ from notifyq.crypto.ciphertext import Context, version_of
 from notifyq.crypto.keyring import check_value
 from notifyq.db.queries import Queries
 from tests.db.conftest import T0
-from tests.db.helpers import enqueue
+from tests.db.helpers import claim, enqueue
 
 Conn = psycopg.Connection[dict[str, Any]]
 K1, K2 = os.urandom(32), os.urandom(32)
@@ -170,3 +171,37 @@ def test_key_version_of_in_sql_agrees_with_python(db: Conn) -> None:
         row = db.execute("SELECT notifyq.key_version_of(%s::bytea) AS v", (blob,)).fetchone()
         assert row == {"v": version_of(blob)}
     assert [version_of(b) for b in samples] == [7, 0, 0, 0, 0, 1]
+
+
+def test_the_watch_poll_says_how_long_a_due_run_waits_and_how_far_each_column_is(
+        db: Conn, q: Queries) -> None:
+    run = enqueue(db, q, "secret.reencrypt", {"target_version": 2}, run_at=T0)
+    db.execute(q.key_rotation_register, {"run_id": run["id"], "target_version": 2, "now": T0})
+    key = {"run_id": run["id"], "column_name": "public.vault.secret", "now": T0}
+    db.execute(q.key_rotation_progress_start, key)
+    db.execute(q.key_rotation_progress_checkpoint, {
+        **key, "last_pk": "300", "attempted": 298, "reencrypted": 297, "conflicts": 1})
+    db.execute(q.key_rotation_failure_record, {**key, "row_pks": ["7", "9"],
+                                               "reasons": ["a", "b"]})
+    db.execute(q.key_rotation_progress_start, {**key, "column_name": "public.other.token"})
+    db.execute(q.key_rotation_progress_finish, {**key, "column_name": "public.other.token"})
+
+    pending = db.execute(q.key_rotation_watch, {"run_id": run["id"],
+                                                "now": T0 + timedelta(seconds=7)}).fetchone()
+    assert pending is not None
+    assert (pending["status"], pending["pool"], pending["unclaimed_s"],
+            pending["lease_lapsed_s"]) == ("pending", "default", 7.0, None)
+    assert pending["columns"] == [
+        {"column": "public.other.token", "pass": 1, "reencrypted": 0, "conflicts": 0,
+         "finished": True, "undecryptable": 0},
+        {"column": "public.vault.secret", "pass": 1, "reencrypted": 297, "conflicts": 1,
+         "finished": False, "undecryptable": 2}]
+
+    claim(db, q, T0 + timedelta(seconds=8), lease_s=2)
+    running = db.execute(q.key_rotation_watch, {"run_id": run["id"],
+                                                "now": T0 + timedelta(seconds=15)}).fetchone()
+    assert running is not None
+    assert (running["status"], running["unclaimed_s"], running["lease_lapsed_s"]) == (
+        "running", None, 5.0)
+    assert db.execute(q.key_rotation_watch, {"run_id": "01a22cc2-1f7d-734a-8591-82be1a967c79",
+                                             "now": T0}).fetchone() is None

@@ -278,3 +278,26 @@ def test_recover_restarts_failed_deliveries_since_a_time(db: Conn, q: Queries) -
     assert delivery is not None
     assert (delivery["status"], delivery["attempts"], delivery["run_id"]) == (
         "pending", 0, rows[0]["run_id"])
+
+
+def test_attempts_are_numbered_per_trigger_and_counted_per_run(db: Conn, q: Queries) -> None:
+    a, b = _endpoint(db, q), _endpoint(db, q)
+    message = _send(db, q)["message_id"]
+    scheduled, manual, other = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+
+    def attempt(endpoint: Any, run: Any, number: int, *, counted: int = 1) -> dict[str, Any]:
+        return {**_attempt(message, endpoint, succeeded=False, status=None, counted=counted),
+                "run_id": run, "attempt": number}
+    # Two scheduled attempts to a, a manual resend (which stores the scheduled count, 2), a
+    # third scheduled attempt, a second resend; one scheduled attempt to b.
+    for batch in ([attempt(a, scheduled, 1), attempt(b, other, 1)], [attempt(a, scheduled, 2)],
+                  [attempt(a, manual, 2, counted=0)], [attempt(a, scheduled, 3)],
+                  [attempt(a, manual, 3, counted=0)]):
+        _record_many(db, q, batch, T0)
+    listed = db.execute(q.webhook_attempt_list, {"message_id": message, "limit": 10}).fetchall()
+    assert [(r["endpoint_id"], r["trigger"], r["attempt"]) for r in listed] == [
+        (a, "scheduled", 1), (b, "scheduled", 1), (a, "scheduled", 2), (a, "manual", 1),
+        (a, "scheduled", 3), (a, "manual", 2)]
+    counted = db.execute(q.webhook_attempt_count_by_run, {
+        "message_ids": [message], "run_ids": [scheduled, manual, uuid.uuid4()]}).fetchall()
+    assert {r["run_id"]: r["n"] for r in counted} == {scheduled: 3, manual: 2}

@@ -25,33 +25,41 @@ def free_port() -> int:
 
 
 class Served:
-    """One ``notifyq serve`` process; its stderr goes to ``log_path``."""
+    """One ``notifyq serve`` process; its stderr goes to ``log_path``.
+
+    By default it is this interpreter's ``-m notifyq`` with the checkout on PYTHONPATH and the
+    test service app; ``notifyq`` names another program instead (an installed ``notifyq``,
+    run as it is: no PYTHONPATH, no ``--app`` unless ``args`` has one, in ``cwd``)."""
 
     def __init__(self, dsn: str | None, log_path: Path, *, args: list[str] | None = None,
-                 env: dict[str, str] | None = None, wait: bool = True) -> None:
+                 env: dict[str, str] | None = None, wait: bool = True,
+                 notifyq: list[str] | None = None, cwd: Path = ROOT,
+                 tokens: bool = True) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        base = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFYQ_")}
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith("NOTIFYQ_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        if notifyq is None:
+            notifyq = [sys.executable, "-m", "notifyq"]
+            args = ["--app", SERVICE_APP, *(args or [])]
+            base["PYTHONPATH"] = str(ROOT)
         full_env = {
             **base,
             "NOTIFYQ_ENV": "test",
-            "NOTIFYQ_ADMIN_TOKEN": ADMIN,
-            "NOTIFYQ_READ_TOKEN": READER,
+            **({"NOTIFYQ_ADMIN_TOKEN": ADMIN, "NOTIFYQ_READ_TOKEN": READER} if tokens else {}),
             "NOTIFYQ_WORKER__POLL_INTERVAL_S": "0.2",
             "NOTIFYQ_WORKER__LEASE_S": "3",
             "NOTIFYQ_WORKER__SHUTDOWN_GRACE_S": "2",
             "NOTIFYQ_REAPER__INTERVAL_S": "0.3",
             "NOTIFYQ_LEADER__TTL_S": "1",
             "NOTIFYQ_POOL_MAX_SIZE": "4",
-            "PYTHONPATH": str(ROOT),
             **({"NOTIFYQ_DATABASE_URL": dsn} if dsn else {}),
             **(env or {}),
         }
-        cmd = [sys.executable, "-m", "notifyq", "serve", "--port", str(self.port),
-               "--app", SERVICE_APP, *(args or [])]
+        cmd = [*notifyq, "serve", "--port", str(self.port), *(args or [])]
         with log_path.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT,
+            self.proc = subprocess.Popen(cmd, env=full_env, cwd=cwd,
                                          stdout=subprocess.DEVNULL, stderr=log)
         if wait:
             self.wait_healthy()
@@ -69,6 +77,26 @@ class Served:
     def client(self, token: str | None = ADMIN) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=10)
+
+    def curl_post(self, path: str, body: bytes, *, token: str = ADMIN,
+                  content_type: str | None = "application/x-www-form-urlencoded",
+                  ) -> tuple[int, str, bytes]:
+        """POST the bytes `curl -H "Authorization: Bearer T" -d BODY URL` sends (curl 7.88:
+        form-encoded Content-Type) over a raw socket; returns (status, content type, body)."""
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+                "User-Agent: curl/7.88.1\r\nAccept: */*\r\n"
+                f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n"
+                + (f"Content-Type: {content_type}\r\n" if content_type else "") + "\r\n")
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
+            sock.sendall(head.encode() + body)
+            reader = sock.makefile("rb")
+            status = int(reader.readline().split()[1])
+            headers = {}
+            while (line := reader.readline().strip()):
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            answer = reader.read(int(headers.get("content-length", "0")))
+        return status, headers.get("content-type", ""), answer
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]

@@ -335,7 +335,7 @@ def test_commands_on_an_unmigrated_database_say_to_migrate(empty_dsn: str,
 
 def test_an_unreachable_database_is_a_one_line_error() -> None:
     line = fails("postgresql://postgres@127.0.0.1:1/nothing", "runs", "list")
-    assert line.startswith("notifyq: error: cannot reach the database: ")
+    assert line.startswith("notifyq: error: cannot connect to the database at 127.0.0.1:1: ")
 
 
 # -- worker ----------------------------------------------------------------------------------

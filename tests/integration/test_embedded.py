@@ -90,6 +90,22 @@ def test_serve_without_a_database_url_runs_on_embedded_postgres_and_keeps_its_da
         wait_until(lambda: _gone(data_dir), timeout=20)
 
 
+@needs_extra
+def test_a_quick_start_without_a_token_keeps_the_generated_one_beside_the_data_directory(
+        data_dir: Path) -> None:
+    env = {"NOTIFYQ_EMBEDDED__DATA_DIR": str(data_dir)}
+    token_file = data_dir.parent / "admin-token"
+    with worker_log_dir() as logs, Served(None, logs / "serve.log", env=env, wait=False,
+                                          tokens=False, args=["--no-worker"]) as server:
+        server.wait_healthy(timeout=90)
+        assert f"generated an admin token in {token_file} " in server.log()
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        with server.client(token_file.read_text().strip()) as http:
+            assert http.get("/v1/stats").status_code == 200
+        assert server.terminate() == 0, server.log()
+    wait_until(lambda: _gone(data_dir), timeout=20)
+
+
 def _status(http: httpx.Client, run_id: str, status: str) -> None:
     response = http.get(f"/v1/jobs/{run_id}")
     assert response.status_code == 200, response.text

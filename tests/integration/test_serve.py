@@ -186,6 +186,47 @@ def test_bad_requests_get_problem_json_naming_the_field(served: Served) -> None:
         _problem(http.get("/v1/nothing-here"), 404)
 
 
+@pytest.mark.parametrize("content_type", [
+    "application/x-www-form-urlencoded", "text/plain;charset=UTF-8", None])
+def test_a_json_body_is_read_as_json_whatever_the_content_type_says(
+        served: Served, sql: Conn, content_type: str | None) -> None:
+    """`curl -d` (the README's examples) sends form-encoded; a JSON body is still JSON."""
+    status, media, body = served.curl_post(
+        "/v1/jobs", b'{"job_type": "svc.echo", "input": {"to": "a@b.c"}}',
+        content_type=content_type)
+    assert (status, media) == (201, "application/json"), body
+    run = json.loads(body)
+    assert run["input"] == {"to": "a@b.c"}
+    wait_until(lambda: _completed(sql, run["id"]), timeout=15)
+
+    status, _, body = served.curl_post(
+        "/v1/jobs/batch", b'{"jobs": [{"job_type": "svc.echo"}, {"job_type": "svc.echo"}]}',
+        content_type=content_type)
+    assert status == 201, body
+    assert len(json.loads(body)["items"]) == 2
+    status, _, body = served.curl_post("/v1/signals/order-42", b'{"approved": true}',
+                                       content_type=content_type)
+    assert (status, json.loads(body)) == (202, {"token": "order-42", "woken": 0})
+    assert scalar(sql, "SELECT payload FROM notifyq.job_signal WHERE token = 'order-42'"
+                  ) == {"approved": True}
+    status, _, body = served.curl_post("/v1/webhooks/messages",
+                                       b'{"event_type": "invoice.paid", "payload": {"id": 1}}',
+                                       content_type=content_type)
+    assert (status, json.loads(body)["deliveries"]) == (201, 0)
+
+
+def test_malformed_json_under_any_content_type_is_a_400_problem(served: Served) -> None:
+    for content_type in ("application/x-www-form-urlencoded", "application/json", None):
+        status, media, body = served.curl_post("/v1/jobs", b'{"job_type": "svc.echo",',
+                                               content_type=content_type)
+        assert (status, media) == (400, PROBLEM), body
+        problem = json.loads(body)
+        assert problem["field"] == "body"
+        assert "not valid JSON" in problem["detail"]
+    status, media, body = served.curl_post("/v1/jobs", b"job_type=svc.echo")
+    assert (status, media) == (400, PROBLEM), body  # a real form body is not JSON either
+
+
 def test_metrics_parse_as_prometheus_text_and_move_when_runs_finish(
         served: Served, sql: Conn) -> None:
     def samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -161,12 +161,14 @@ def test_the_webhooks_commands_add_list_send_show_attempts_rotate_and_disable(
     message_id = sent.stdout.strip()
     assert message_id.startswith("msg_")
     none = _cli(dsn, "attempts", message_id)
-    assert none.stdout.strip() == "no attempts"
+    assert none.stdout.strip() == (f"no attempts\n\nendpoint {endpoint['id']}: pending, no "
+                                   "scheduled attempt yet (at most 8)")
     rotated = _cli(dsn, "endpoints", "rotate-secret", endpoint["id"], "--grace-s", "60")
     assert rotated.returncode == 0, rotated.stderr
     assert "whsec_" in rotated.stdout
     disabled = _cli(dsn, "endpoints", "disable", endpoint["id"], "--reason", "maintenance")
-    assert "disabled (maintenance)" in disabled.stdout
+    assert disabled.stdout.startswith(f"disabled endpoint {endpoint['id']} ")
+    assert ": maintenance; its pending deliveries are canceled" in disabled.stdout
     refused = _cli(dsn, "endpoints", "add", "http://169.254.169.254/")
     assert refused.returncode == 1
     assert refused.stderr.startswith("notifyq: error: url: 169.254.169.254 is link-local")
