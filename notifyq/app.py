@@ -531,13 +531,17 @@ class App:
             await migrations.require_current(conn, self.settings.schema_name)
             if self.has_keyring:
                 await self.keys.sync(conn)
-            for spec in self.registry.specs():
-                params = spec.definition()
-                params["retry_policy"] = Jsonb(params["retry_policy"])
-                await conn.execute(self.queries.job_upsert, params)
-            # Runs enqueued before these definitions existed take their defaults now.
-            await conn.execute(self.queries.job_run_apply_definitions, {
-                "now": self.clock.db_now(), "channel": self.queries.schema})
+            # One transaction: enqueuers see all of this worker's types registered or none (one
+            # at a time, an enqueue of the next type was refused while the first was in). In
+            # type order, so workers of different apps lock shared rows in the same order.
+            async with conn.transaction():
+                for spec in sorted(self.registry.specs(), key=lambda s: s.job_type):
+                    params = spec.definition()
+                    params["retry_policy"] = Jsonb(params["retry_policy"])
+                    await conn.execute(self.queries.job_upsert, params)
+                # Runs enqueued before these definitions existed take their defaults now.
+                await conn.execute(self.queries.job_run_apply_definitions, {
+                    "now": self.clock.db_now(), "channel": self.queries.schema})
         worker = self.worker(concurrency=concurrency, pools=pools, burst=burst)
         log.info("worker %s: pools %s, concurrency %d, handlers %s", worker.id,
                  ",".join(worker.producers), worker.slots.size,
