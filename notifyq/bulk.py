@@ -32,6 +32,7 @@ scarcer side, plus ids to send back and match. Building runs lazily: the return 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -107,12 +108,22 @@ class Batch:
 
     def params(self) -> tuple[list[UUID], dict[str, Any]]:
         """New ids for the plain rows, and ``job_run_insert_bulk``'s parameters."""
-        ids = new_run_ids(len(self.requests))
+        ids = self._ids()
         rows = ",".join([f'{{"id":"{run_id.int:032x}",{head}"input":{text}}}'
                          for run_id, head, text in zip(ids, self._heads(), self.inputs,
                                                        strict=True)])
         types = list(dict.fromkeys(s[0] for s in self._shapes))
         return ids, {"rows": f"[{rows}]", "types": types}
+
+    def _ids(self) -> list[UUID]:
+        """The plain rows' ids, drawn with the keyed requests' in one increasing block in the
+        order given (the claim breaks ties on the id, so this is the order they run in)."""
+        ids = new_run_ids(len(self))
+        if not self.keyed:
+            return ids
+        for position, prepared in self.keyed.items():
+            self.keyed[position] = replace(prepared, id=ids[position])
+        return [run_id for position, run_id in enumerate(ids) if position not in self.keyed]
 
     def _heads(self) -> list[str]:
         """Each record's keys before the input: one string per shape in the usual batch."""

@@ -19,7 +19,10 @@ APP = "tests.apps.semantics:app"
 
 
 def _batch(prefix: str, n: int) -> list[dict[str, object]]:
-    return [{"job_type": "order.record", "input": {"label": f"{prefix}{i:03d}"}}
+    # Every 7th run has a dedupe key: enqueued by its own statement after the others, and
+    # still run in its place.
+    return [{"job_type": "order.record", "input": {"label": f"{prefix}{i:03d}"},
+             **({"dedupe_key": f"{prefix}{i}"} if i % 7 == 3 else {})}
             for i in range(n)]
 
 

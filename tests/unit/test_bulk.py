@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -179,7 +180,10 @@ def test_a_batch_puts_keyed_requests_back_in_their_places() -> None:
     ids, rows, _ = _rows(batch)
     assert [r["input"] for r in rows] == [{"i": 0}, {"i": 2}]
     plain = batch.runs(ids, _summary(**{"t.a": {}}))
-    assert batch.order(plain) == [plain[0], keyed, plain[1]]
+    ordered = batch.order(plain)
+    assert ordered == [plain[0], dataclasses.replace(keyed, id=ordered[1].id), plain[1]]
+    # The keyed request's id is redrawn between its neighbours': it runs in its place.
+    assert [r.id for r in ordered] == sorted(r.id for r in ordered)
 
 
 @pytest.mark.parametrize("item", [
