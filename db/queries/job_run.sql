@@ -333,12 +333,6 @@ FROM {schema}.job_run
 WHERE status = 'pending' AND run_at <= coalesce(%(now)s::timestamptz, now())
 GROUP BY pool ORDER BY pool
 
--- name: notifier_listen
-LISTEN {schema}
-
--- name: notifier_ping
-SELECT 1 AS ok
-
 -- name: job_run_resume_due
 -- Waiting runs whose wait is over go back in line: a durable sleep or a wait deadline that has
 -- passed, or a signal that arrived while the run was still deciding to wait for it.
@@ -391,3 +385,11 @@ SELECT child.id, child.pool FROM child, step
 
 -- name: job_run_status_many
 SELECT id, job_type, status, output, error FROM {schema}.job_run WHERE id = ANY(%(ids)s::uuid[])
+
+-- name: job_run_list_children
+-- A run's children (spawned with ctx.spawn_child), oldest first. UUIDv7 ids order by
+-- millisecond only (random bits within one), so created_at decides first.
+SELECT * FROM {schema}.job_run
+WHERE parent_run_id = %(parent_run_id)s
+ORDER BY created_at, id
+LIMIT %(limit)s

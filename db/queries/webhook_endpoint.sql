@@ -1,4 +1,4 @@
--- Named queries of webhook endpoints and their signing secrets (notifyq.webhooks).
+-- Named queries of webhook endpoints (notifyq.webhooks); their secrets are in webhook_secret.sql.
 
 -- name: webhook_endpoint_insert
 INSERT INTO {schema}.webhook_endpoint (url, description, event_types, headers, disabled_at,
@@ -60,18 +60,3 @@ RETURNING *
 
 -- name: webhook_endpoint_delete
 DELETE FROM {schema}.webhook_endpoint WHERE id = %(id)s RETURNING id
-
--- name: webhook_secret_insert
-INSERT INTO {schema}.webhook_secret (id, endpoint_id, ciphertext, created_at)
-VALUES (%(id)s, %(endpoint_id)s, %(ciphertext)s, coalesce(%(now)s::timestamptz, now()))
-
--- name: webhook_secret_expire
--- A rotation: the secrets valid now stay valid until `expires_at` (the grace period), no longer.
-UPDATE {schema}.webhook_secret
-SET expires_at = %(expires_at)s::timestamptz
-WHERE endpoint_id = %(endpoint_id)s
-  AND (expires_at IS NULL OR expires_at > %(expires_at)s::timestamptz)
-
--- name: webhook_rotation_expiry
--- When the secrets replaced by a rotation stop signing (on the database clock unless given).
-SELECT coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(grace_s)s) AS expires_at

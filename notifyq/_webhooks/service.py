@@ -208,7 +208,7 @@ class Webhooks:
             raise InvalidEndpoint(f"grace_s must not be negative, got {grace}")
         endpoint = await self.get_endpoint(endpoint_id, conn=conn)
         async with self._conn(conn) as c, c.transaction():
-            expires = await self._one(c, self._rt.queries.webhook_rotation_expiry,
+            expires = await self._one(c, self._rt.queries.webhook_secret_expiry,
                                       {"now": self._now(), "grace_s": grace})
             assert expires is not None  # noqa: S101 - a SELECT of one row
             await c.execute(self._rt.queries.webhook_secret_expire, {

@@ -118,7 +118,7 @@ def test_endpoints_are_inserted_listed_updated_disabled_enabled_and_deleted(
 def test_a_rotation_expires_the_current_secrets_at_the_end_of_the_grace_period(
         db: Conn, q: Queries) -> None:
     endpoint = _endpoint(db, q)
-    expires = db.execute(q.webhook_rotation_expiry, {"now": T0, "grace_s": 60.0}).fetchone()
+    expires = db.execute(q.webhook_secret_expiry, {"now": T0, "grace_s": 60.0}).fetchone()
     assert expires == {"expires_at": T0 + timedelta(seconds=60)}
     db.execute(q.webhook_secret_expire, {"endpoint_id": endpoint,
                                          "expires_at": expires["expires_at"]})

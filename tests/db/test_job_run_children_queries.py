@@ -1,4 +1,4 @@
-"""The admin API's queries: a run's children."""
+"""job_run_list_children: a run's children (the admin API and `runs show` list them)."""
 
 from __future__ import annotations
 

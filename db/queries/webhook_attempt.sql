@@ -1,0 +1,102 @@
+-- Named queries of webhook attempts: one row per attempt at a delivery, with its outcome.
+
+-- name: webhook_attempt_record_many
+-- One statement per batch of attempts (concurrent deliveries' records are written together:
+-- 8,000 single-attempt statements cost the server 252 us each): the attempt rows; each
+-- delivery's latest state (`delivery_statuses` NULL keeps it: a failed manual resend changes
+-- nothing; the last of a batch's attempts of one delivery wins); and each endpoint's failure
+-- streak, written only when it changes (a hot endpoint's successes do not contend on its row):
+-- the batch's last attempt of an endpoint decides, and a success earlier in the batch restarts
+-- the streak. Endpoint rows are locked in id order (two workers' batches cannot deadlock on
+-- them). Returns, per position `ord`, when the endpoint's streak started (NULL after success).
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+v AS (
+    SELECT * FROM unnest(%(message_ids)s::text[], %(endpoint_ids)s::uuid[], %(run_ids)s::uuid[],
+                         %(triggers)s::text[], %(attempts)s::integer[],
+                         %(webhook_timestamps)s::bigint[], %(urls)s::text[],
+                         %(status_codes)s::integer[], %(error_kinds)s::text[],
+                         %(errors)s::text[], %(durations_ms)s::float8[],
+                         %(response_bodies)s::text[], %(response_truncated)s::boolean[],
+                         %(next_attempt_ats)s::timestamptz[], %(delivery_statuses)s::text[],
+                         %(counted)s::integer[], %(succeeded)s::boolean[])
+         WITH ORDINALITY AS v(message_id, endpoint_id, run_id, trigger, attempt, webhook_timestamp,
+                              url, status_code, error_kind, error, duration_ms, response_body,
+                              response_truncated, next_attempt_at, delivery_status, counted,
+                              succeeded, ord)
+), attempt AS (
+    INSERT INTO {schema}.webhook_attempt (
+        message_id, endpoint_id, run_id, trigger, attempt, webhook_timestamp, url, status_code,
+        error_kind, error, duration_ms, response_body, response_truncated, next_attempt_at,
+        created_at)
+    SELECT message_id, endpoint_id, run_id, trigger, attempt, webhook_timestamp, url,
+           status_code, error_kind, error, duration_ms, response_body, response_truncated,
+           next_attempt_at, n.now
+    FROM v, n ORDER BY v.ord
+), per_delivery AS (
+    SELECT message_id, endpoint_id, sum(counted)::integer AS counted,
+           (array_agg(delivery_status ORDER BY ord DESC)
+                FILTER (WHERE delivery_status IS NOT NULL))[1] AS status,
+           (array_agg(status_code ORDER BY ord DESC))[1] AS status_code,
+           (array_agg(error ORDER BY ord DESC))[1] AS error
+    FROM v GROUP BY message_id, endpoint_id
+), delivery AS (
+    UPDATE {schema}.webhook_delivery d
+    SET status = coalesce(p.status, d.status),
+        attempts = d.attempts + p.counted,
+        last_status_code = p.status_code,
+        last_error = p.error,
+        last_attempt_at = n.now,
+        updated_at = n.now
+    FROM per_delivery p, n
+    WHERE d.message_id = p.message_id AND d.endpoint_id = p.endpoint_id
+), per_endpoint AS (
+    SELECT endpoint_id, (array_agg(succeeded ORDER BY ord DESC))[1] AS last_ok,
+           bool_or(succeeded) AS any_ok
+    FROM v GROUP BY endpoint_id
+), changing AS (
+    SELECT e.id, CASE WHEN p.last_ok THEN NULL WHEN p.any_ok THEN n.now
+                      ELSE coalesce(e.failing_since, n.now) END AS failing_since
+    FROM {schema}.webhook_endpoint e JOIN per_endpoint p ON p.endpoint_id = e.id, n
+    WHERE (CASE WHEN p.last_ok THEN NULL WHEN p.any_ok THEN n.now
+                ELSE coalesce(e.failing_since, n.now) END) IS DISTINCT FROM e.failing_since
+    ORDER BY e.id
+    FOR UPDATE OF e
+), streak AS (
+    UPDATE {schema}.webhook_endpoint e
+    SET failing_since = c.failing_since
+    FROM changing c
+    WHERE e.id = c.id
+    RETURNING e.id, e.failing_since
+)
+SELECT v.ord,
+       CASE WHEN v.succeeded THEN NULL
+            WHEN s.id IS NOT NULL THEN s.failing_since
+            ELSE e.failing_since END AS failing_since
+FROM v
+LEFT JOIN streak s ON s.id = v.endpoint_id
+LEFT JOIN {schema}.webhook_endpoint e ON e.id = v.endpoint_id
+
+-- name: webhook_attempt_list
+-- Every attempt of a message, oldest first. `attempt` numbers a delivery's attempts per trigger:
+-- a scheduled one as stored (1, 2, ... within the current series; a recovery starts a new one),
+-- a manual resend 1, 2, ... in the order they were made (what a manual row stores is the count
+-- of scheduled attempts before it, which would repeat a scheduled attempt's number).
+SELECT id, message_id, endpoint_id, run_id, trigger,
+       CASE WHEN trigger = 'manual'
+            THEN (row_number() OVER (PARTITION BY endpoint_id, trigger ORDER BY id))::integer
+            ELSE attempt END AS attempt,
+       webhook_timestamp, url, status_code, error_kind, error, duration_ms, response_body,
+       response_truncated, next_attempt_at, created_at
+FROM {schema}.webhook_attempt
+WHERE message_id = %(message_id)s
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: webhook_attempt_count_by_run
+-- How many attempts each of these webhook.deliver runs made (their messages' ids narrow the
+-- search to the message index). A run's own `attempts` cannot say: a scheduled retry is a
+-- snooze, which gives the attempt back.
+SELECT run_id, count(*)::integer AS n
+FROM {schema}.webhook_attempt
+WHERE message_id = ANY (%(message_ids)s::text[]) AND run_id = ANY (%(run_ids)s::uuid[])
+GROUP BY run_id

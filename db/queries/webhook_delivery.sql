@@ -1,0 +1,92 @@
+-- Named queries of webhook deliveries: one per (message, endpoint), its latest state and run.
+
+-- name: webhook_delivery_list
+SELECT d.*, e.url FROM {schema}.webhook_delivery d
+JOIN {schema}.webhook_endpoint e ON e.id = d.endpoint_id
+WHERE d.message_id = %(message_id)s
+ORDER BY d.endpoint_id
+
+-- name: webhook_delivery_load_many
+-- Everything the attempts of a batch need, in one round trip: per (message, endpoint) pair, by
+-- its position `ord` in the arrays: message, endpoint, delivery and the ciphertexts of the
+-- secrets valid now (newest first). A pair with no delivery has no row.
+SELECT k.ord, m.id AS message_id, m.event_type, m.body, e.id AS endpoint_id, e.url, e.headers,
+       e.disabled_at, e.disabled_reason, d.status, d.attempts,
+       coalesce(s.ids, '{{}}') AS secret_ids, coalesce(s.ciphertexts, '{{}}') AS ciphertexts
+FROM unnest(%(message_ids)s::text[], %(endpoint_ids)s::uuid[])
+     WITH ORDINALITY AS k(message_id, endpoint_id, ord)
+JOIN {schema}.webhook_delivery d ON d.message_id = k.message_id AND d.endpoint_id = k.endpoint_id
+JOIN {schema}.webhook_message m ON m.id = d.message_id
+JOIN {schema}.webhook_endpoint e ON e.id = d.endpoint_id
+LEFT JOIN LATERAL (
+    SELECT array_agg(ws.id ORDER BY ws.created_at DESC) AS ids,
+           array_agg(ws.ciphertext ORDER BY ws.created_at DESC) AS ciphertexts
+    FROM {schema}.webhook_secret ws
+    WHERE ws.endpoint_id = e.id
+      AND (ws.expires_at IS NULL OR ws.expires_at > coalesce(%(now)s::timestamptz, now()))
+) s ON true
+
+-- name: webhook_delivery_skip
+-- A scheduled delivery to a disabled endpoint ends here.
+UPDATE {schema}.webhook_delivery
+SET status = 'canceled', last_error = %(reason)s, updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE message_id = %(message_id)s AND endpoint_id = %(endpoint_id)s AND status = 'pending'
+
+-- name: webhook_delivery_cancel_pending
+-- Stops an endpoint's pending deliveries (410 Gone, or disabled after failing too long): their
+-- rows are canceled and so are their runs that are still waiting for a worker.
+WITH d AS (
+    UPDATE {schema}.webhook_delivery
+    SET status = 'canceled', last_error = %(reason)s,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    WHERE endpoint_id = %(endpoint_id)s AND status = 'pending'
+    RETURNING run_id
+)
+UPDATE {schema}.job_run r
+SET status = 'canceled', finished_at = coalesce(%(now)s::timestamptz, now()),
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM d
+WHERE r.id = d.run_id AND r.status = 'pending'
+RETURNING r.id
+
+-- name: webhook_delivery_resend
+-- A manual attempt per delivery of the message (or of one endpoint): a run of its own that
+-- schedules no retries.
+SELECT d.endpoint_id,
+       ({schema}._enqueue('webhook.deliver',
+                          jsonb_build_object('message_id', d.message_id,
+                                             'endpoint_id', d.endpoint_id,
+                                             'trigger', 'manual'),
+                          p_pool => 'webhooks', p_max_attempts => 3,
+                          p_trigger_source => 'manual', p_trigger_ref => d.message_id,
+                          -- built in: accepted before any worker has registered it
+                          p_allow_unknown_type => true)).id
+           AS run_id
+FROM {schema}.webhook_delivery d
+WHERE d.message_id = %(message_id)s
+  AND (%(endpoint_id)s::uuid IS NULL OR d.endpoint_id = %(endpoint_id)s::uuid)
+ORDER BY d.endpoint_id
+
+-- name: webhook_delivery_recover
+-- "Recover since T": the endpoint's failed deliveries whose last attempt is at or after T start a
+-- new scheduled series (attempts from 0) with a new run each.
+WITH picked AS (
+    SELECT message_id, endpoint_id FROM {schema}.webhook_delivery
+    WHERE endpoint_id = %(endpoint_id)s AND status = 'failed'
+      AND coalesce(last_attempt_at, created_at) >= %(since)s::timestamptz
+    ORDER BY message_id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.webhook_delivery d
+SET status = 'pending', attempts = 0, updated_at = coalesce(%(now)s::timestamptz, now()),
+    run_id = ({schema}._enqueue('webhook.deliver',
+                                jsonb_build_object('message_id', d.message_id,
+                                                   'endpoint_id', d.endpoint_id),
+                                p_pool => 'webhooks', p_max_attempts => 100,
+                                p_trigger_source => 'manual',
+                                p_trigger_ref => d.message_id,
+                                p_allow_unknown_type => true)).id
+FROM picked p
+WHERE d.message_id = p.message_id AND d.endpoint_id = p.endpoint_id
+RETURNING d.message_id, d.run_id
