@@ -8,32 +8,46 @@ Every SQL statement notifyq runs lives in ``db/queries/<entity>.sql`` as a named
 The files are parsed once; ``{schema}`` is filled with the quoted identifier of the configured
 schema (``psycopg.sql.Identifier``), so queries work on any connection, the caller's included,
 without touching its ``search_path``.
+
+The names are checked statically: :class:`Queries` inherits one typed attribute per named query
+from :class:`~notifyq._db.query_names.QueryNames`, generated from the SQL files by ``python -m
+tests.generate queries``, so mypy rejects ``queries.job_run_claimm``.
+tests/unit/test_query_registry.py fails when the generated file is out of date.
 """
 
 from __future__ import annotations
 
 import re
 from functools import cache
+from typing import TYPE_CHECKING, NoReturn
 
 from psycopg import sql
 
 from notifyq._db.files import sql_root
+from notifyq._db.query_names import QueryNames
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
 
 
 @cache
-def _raw_queries() -> dict[str, str]:
-    found: dict[str, str] = {}
+def named_queries() -> dict[str, dict[str, str]]:
+    """Per SQL file (its name without ``.sql``, the entity), its named queries' bodies in file
+    order, comments removed and ``{schema}`` not yet filled in."""
+    files: dict[str, dict[str, str]] = {}
+    seen: dict[str, str] = {}
     for entry in sorted((sql_root() / "queries").iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
             continue
+        entity = entry.name.removesuffix(".sql")
         parts = _NAME.split(entry.read_text(encoding="utf-8"))
+        files[entity] = {}
         for name, body in zip(parts[1::2], parts[2::2], strict=True):
-            if name in found:
-                raise RuntimeError(f"query {name} is defined twice (second in {entry.name})")
-            found[name] = _strip_comments(body)
-    return found
+            if name in seen:
+                raise RuntimeError(f"query {name} is defined twice (in {seen[name]}.sql and "
+                                   f"{entry.name})")
+            seen[name] = entity
+            files[entity][name] = _strip_comments(body)
+    return files
 
 
 def _strip_comments(body: str) -> str:
@@ -49,25 +63,25 @@ def _compose(name: str, body: str, schema: sql.Identifier) -> str:
                            "brace as {{ or }} (e.g. '{{}}' for an empty array)") from None
 
 
-class Queries:
+class Queries(QueryNames):
     """The registry for one schema: ``queries.job_run_claim`` is ready to execute."""
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
         ident = sql.Identifier(schema)
-        # mypy reads LiteralString as str; the bodies come only from the packaged SQL files.
-        self._sql: dict[str, str] = {
-            name: _compose(name, body, ident) for name, body in _raw_queries().items()
-        }
+        self._names: list[str] = []
+        for blocks in named_queries().values():
+            for name, body in blocks.items():
+                # The bodies come only from the packaged SQL files: literal strings in effect.
+                setattr(self, name, _compose(name, body, ident))
+                self._names.append(name)
 
-    def __getattr__(self, name: str) -> str:
-        try:
-            return self._sql[name]
-        except KeyError:
-            raise AttributeError(f"no query named {name}") from None
+    if not TYPE_CHECKING:  # for mypy an unknown name is an error, not an AttributeError
+        def __getattr__(self, name: str) -> NoReturn:
+            raise AttributeError(f"no query named {name}: see db/queries/*.sql")
 
     def names(self) -> list[str]:
-        return sorted(self._sql)
+        return sorted(self._names)
 
 
 @cache

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
@@ -103,13 +103,13 @@ class ColumnQueries:
         idents = {"table": column.identifier(), "pk": sql.Identifier(column.pk),
                   "column": sql.Identifier(column.column), "pk_type": sql.SQL(pk_type)}
 
-        def fill(name: str) -> str:
-            return sql.SQL(getattr(queries, name)).format(**idents).as_string(None)
+        def fill(query: LiteralString) -> str:
+            return sql.SQL(query).format(**idents).as_string(None)
 
-        self.page_first = fill("encrypted_column_page_first")
-        self.page_after = fill("encrypted_column_page_after")
-        self.swap_many = fill("encrypted_column_swap_many")
-        self.version_counts = fill("encrypted_column_version_counts")
+        self.page_first = fill(queries.encrypted_column_page_first)
+        self.page_after = fill(queries.encrypted_column_page_after)
+        self.swap_many = fill(queries.encrypted_column_swap_many)
+        self.version_counts = fill(queries.encrypted_column_version_counts)
 
     @classmethod
     async def describe(cls, conn: psycopg.AsyncConnection[Any], queries: Queries,
