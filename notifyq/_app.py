@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq._clock import Clock, SystemClock
-from notifyq._control import RunControl, Stats
+from notifyq._control import RunControl, Stats, StepRow
 from notifyq._db import migrate as migrations
 from notifyq._db.pool import AsyncConn
 from notifyq._dispatch.worker import Worker
@@ -305,9 +305,9 @@ class App:
         async with self._runtime.connection() as conn:
             return await self._control.signal(conn, token, {} if payload is None else payload)
 
-    async def steps(self, run_id: UUID | str) -> list[dict[str, Any]]:
-        """A run's recorded steps in execution order (step_id, seq, kind, status, output,
-        error, attempts, attempt, started_at, finished_at)."""
+    async def steps(self, run_id: UUID | str) -> list[StepRow]:
+        """A run's recorded steps in execution order: dicts of step_id, seq, kind, status,
+        output, error, attempts, attempt, started_at, finished_at."""
         async with self._runtime.connection() as conn:
             return await self._control.steps(conn, _uuid(run_id))
 

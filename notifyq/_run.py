@@ -74,25 +74,31 @@ class Run:
     trigger_ref: str | None = None
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Run:
-        values = {name: row[name] for name in _RUN_FIELDS if name in row}
+    def from_row(cls, row: Mapping[str, Any]) -> Run:
+        """From a row with some of the fields (the others take their defaults)."""
+        values = {name: row[name] for name in RUN_FIELDS if name in row}
         values["status"] = RunStatus(row["status"])
         return cls(**values)
+
+    @classmethod
+    def from_columns(cls, *, status: str, **columns: Any) -> Run:
+        """From the columns of the same names (``notifyq._db.rows.run_row``)."""
+        return cls(status=RunStatus(status), **columns)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (ids and times as strings)."""
         out: dict[str, Any] = {}
-        for name in _RUN_FIELDS:
+        for name in RUN_FIELDS:
             value = getattr(self, name)
             out[name] = value.isoformat() if isinstance(value, datetime) else (
                 str(value) if isinstance(value, UUID) else value)
         return out
 
 
-_RUN_FIELDS = tuple(f.name for f in fields(Run))
+RUN_FIELDS = tuple(f.name for f in fields(Run))
 _REQUIRED = frozenset(f.name for f in fields(Run) if f.default is MISSING)
 _DEFAULTS = {f.name: f.default for f in fields(Run) if f.default is not MISSING}
-_SLOT_SETTERS = {name: Run.__dict__[name].__set__ for name in _RUN_FIELDS}
+_SLOT_SETTERS = {name: Run.__dict__[name].__set__ for name in RUN_FIELDS}
 
 
 def runs_from_columns(n: int, columns: Mapping[str, Sequence[Any]],

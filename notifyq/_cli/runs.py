@@ -295,13 +295,13 @@ def summarize(stats: Stats) -> dict[str, Any]:
     by_type: dict[str, dict[str, int]] = {}
     by_pool: dict[str, dict[str, int]] = {}
     for row in stats.counts:
-        status, count = row["status"], int(row["count"])
+        status, count = row.status, row.count
         by_status[status] = by_status.get(status, 0) + count
-        for key, fold in ((row["job_type"], by_type), (row["pool"], by_pool)):
+        for key, fold in ((row.job_type, by_type), (row.pool, by_pool)):
             per = fold.setdefault(key, {})
             per[status] = per.get(status, 0) + count
-    runnable = [{"pool": r["pool"], "runnable": int(r["runnable"]),
-                 "oldest_age_s": round(float(r["oldest_age_s"]), 3)} for r in stats.runnable]
+    runnable = [{"pool": r.pool, "runnable": r.runnable,
+                 "oldest_age_s": round(r.oldest_age_s, 3)} for r in stats.runnable]
     return {"total": sum(by_status.values()), "by_status": by_status, "by_type": by_type,
             "by_pool": by_pool, "runnable": runnable}
 

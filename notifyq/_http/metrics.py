@@ -93,12 +93,11 @@ class Metrics:
         if stats is not None:
             for gauge in (self.depth, self.oldest, self.runs):
                 gauge.clear()
-            for row in stats.runnable:
-                self.depth.labels(row["pool"]).set(int(row["runnable"]))
-                self.oldest.labels(row["pool"]).set(float(row["oldest_age_s"]))
-            for row in stats.counts:
-                self.runs.labels(row["job_type"], row["pool"], row["status"]).set(
-                    int(row["count"]))
+            for backlog in stats.runnable:
+                self.depth.labels(backlog.pool).set(backlog.runnable)
+                self.oldest.labels(backlog.pool).set(backlog.oldest_age_s)
+            for count in stats.counts:
+                self.runs.labels(count.job_type, count.pool, count.status).set(count.count)
         if worker is not None and worker.notifier is not None:
             self.listener.set(1 if worker.notifier.connected else 0)
         return generate_latest(self.registry)

@@ -19,6 +19,7 @@ from notifyq._console import Parser, load_app, run_async, session, table, when
 from notifyq._db.pool import AsyncConn
 from notifyq._errors import InvalidEndpoint
 from notifyq._webhooks.endpoints import Endpoint
+from notifyq._webhooks.rows import Attempt, Delivery
 from notifyq._webhooks.service import SentMessage
 
 
@@ -240,7 +241,7 @@ def cmd_attempts(args: argparse.Namespace) -> int:
     return _run(args, go)
 
 
-def attempts_text(rows: list[dict[str, Any]], deliveries: list[dict[str, Any]]) -> str:
+def attempts_text(rows: list[Attempt], deliveries: list[Delivery]) -> str:
     """A table of the attempts, then one line per delivery: where it stands."""
     parts = []
     if rows:
@@ -254,7 +255,7 @@ def attempts_text(rows: list[dict[str, Any]], deliveries: list[dict[str, Any]]) 
     return "\n\n".join(p for p in parts if p)
 
 
-def attempt_label(row: dict[str, Any]) -> str:
+def attempt_label(row: Attempt) -> str:
     """``scheduled 2/8``: the second attempt of a delivery's schedule of 8; ``manual 1``: its
     first manual resend."""
     if row["trigger"] == "manual":
@@ -262,7 +263,7 @@ def attempt_label(row: dict[str, Any]) -> str:
     return f"scheduled {row['attempt']}/{row['max_attempts']}"
 
 
-def _delivery_line(delivery: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+def _delivery_line(delivery: Delivery, rows: list[Attempt]) -> str:
     mine = [r for r in rows if r["endpoint_id"] == delivery["endpoint_id"]]
     manual = sum(1 for r in mine if r["trigger"] == "manual")
     status, made, limit = delivery["status"], delivery["attempts"], delivery["max_attempts"]

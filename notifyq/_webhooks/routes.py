@@ -4,7 +4,7 @@ other route (422 naming the field, 404 for an unknown id, 409 without a keyring)
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
@@ -19,6 +19,7 @@ from notifyq._errors import ConfigError, InvalidEndpoint, InvalidEnqueue, Webhoo
 from notifyq._http.problems import problem
 from notifyq._http.schemas import Text, responses_for
 from notifyq._webhooks.endpoints import MAX_URL_LENGTH
+from notifyq._webhooks.rows import Message
 
 MESSAGE_ID = r"^[A-Za-z0-9_-]{1,64}$"
 Header = dict[Annotated[str, Field(max_length=256)], Annotated[Text, Field(max_length=4096)]]
@@ -240,11 +241,11 @@ async def _json(pending: Awaitable[Any]) -> Any:
     return (await pending).to_json()
 
 
-async def _jsonable(pending: Awaitable[dict[str, Any]]) -> Any:
-    row = await pending
-    return {**_plain(row), "deliveries": [_plain(d) for d in row["deliveries"]]}
+async def _jsonable(pending: Awaitable[Message]) -> Any:
+    message = await pending
+    return {**_plain(message), "deliveries": [_plain(d) for d in message["deliveries"]]}
 
 
-def _plain(row: dict[str, Any]) -> dict[str, Any]:
+def _plain(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (v.isoformat() if isinstance(v, datetime) else
                 str(v) if isinstance(v, UUID) else v) for k, v in row.items()}

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, LiteralString, TypeVar
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import BaseRowFactory, args_row, dict_row
 from psycopg.types.json import Jsonb
 
 from notifyq._crypto.keyring import Keyring
@@ -36,9 +36,21 @@ from notifyq._runtime import Runtime
 from notifyq._settings import WebhookSettings
 from notifyq._webhooks import endpoints as checks
 from notifyq._webhooks.endpoints import Endpoint
+from notifyq._webhooks.rows import (
+    Attempt,
+    Message,
+    Recovered,
+    Resent,
+    attempt_row,
+    delivery_row,
+    message_row,
+    recovered_row,
+    resent_row,
+)
 from notifyq._webhooks.signing import generate_secret, secret_key
 
 AnyConn = psycopg.AsyncConnection[Any]
+T = TypeVar("T")
 
 DELIVER = "webhook.deliver"
 POOL = "webhooks"
@@ -79,9 +91,9 @@ class Webhooks:
             await cur.execute(query, params)
             return await cur.fetchone()
 
-    async def _all(self, conn: AnyConn, query: str,
-                   params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with conn.cursor(row_factory=dict_row) as cur:
+    async def _all(self, conn: AnyConn, query: LiteralString, params: dict[str, Any],
+                   row_factory: BaseRowFactory[T]) -> list[T]:
+        async with conn.cursor(row_factory=row_factory) as cur:
             await cur.execute(query, params)
             return await cur.fetchall()
 
@@ -146,7 +158,8 @@ class Webhooks:
                              conn: AnyConn | None = None) -> list[Endpoint]:
         async with self._conn(conn) as c:
             rows = await self._all(c, self._rt.queries.webhook_endpoint_list, {
-                "after": after, "enabled": enabled, "limit": limit, "now": self._now()})
+                "after": after, "enabled": enabled, "limit": limit, "now": self._now()},
+                dict_row)
         return [Endpoint.from_row(r) for r in rows]
 
     async def update_endpoint(self, endpoint_id: UUID | str, *, url: str | None = None,
@@ -246,14 +259,15 @@ class Webhooks:
                   "idempotency_key": idempotency_key}
         try:
             async with self._conn(conn) as c:
-                row = await self._one(c, self._rt.queries.webhook_message_send, params)
+                # (message_id, created, deliveries): SentMessage's fields in order
+                (sent,) = await self._all(c, self._rt.queries.webhook_message_send, params,
+                                          args_row(SentMessage))
         except psycopg.DatabaseError as exc:
             translated = translate_db_error(exc)
             if translated is exc:
                 raise
             raise translated from None
-        assert row is not None  # noqa: S101 - the function returns one row
-        return SentMessage(row["message_id"], row["created"], row["deliveries"])
+        return sent
 
     @property
     def max_attempts(self) -> int:
@@ -261,26 +275,27 @@ class Webhooks:
         (as configured in this process; workers should agree)."""
         return len(self.settings.retry_schedule_s)
 
-    async def message(self, message_id: str, *, conn: AnyConn | None = None) -> dict[str, Any]:
+    async def message(self, message_id: str, *, conn: AnyConn | None = None) -> Message:
         """The message with its deliveries (one per endpoint): ``attempts`` scheduled attempts
         made of ``max_attempts``."""
         q = self._rt.queries
         async with self._conn(conn) as c:
-            row = await self._one(c, q.webhook_message_get, {"id": message_id})
-            if row is None:
+            found = await self._all(c, q.webhook_message_get, {"id": message_id}, message_row)
+            if not found:
                 raise WebhookNotFound(f"no webhook message {message_id}")
-            deliveries = await self._all(c, q.webhook_delivery_list, {"message_id": message_id})
-        return {**row, "deliveries": [{**d, "max_attempts": self.max_attempts}
-                                      for d in deliveries]}
+            deliveries = await self._all(c, q.webhook_delivery_list, {"message_id": message_id},
+                                         delivery_row)
+        return {**found[0], "deliveries": [{**d, "max_attempts": self.max_attempts}
+                                           for d in deliveries]}
 
     async def attempts(self, message_id: str, *, limit: int = ATTEMPTS_LISTED,
-                       conn: AnyConn | None = None) -> list[dict[str, Any]]:
+                       conn: AnyConn | None = None) -> list[Attempt]:
         """Every attempt of the message, oldest first. ``attempt`` counts per delivery and
         trigger: scheduled attempts 1..``max_attempts`` (the schedule's length; a recovery
         starts again at 1), manual resends 1, 2, ... (``max_attempts`` None: no retries)."""
         async with self._conn(conn) as c:
             rows = await self._all(c, self._rt.queries.webhook_attempt_list,
-                                   {"message_id": message_id, "limit": limit})
+                                   {"message_id": message_id, "limit": limit}, attempt_row)
         return [{**r, "max_attempts": self.max_attempts if r["trigger"] == "scheduled"
                  else None} for r in rows]
 
@@ -290,27 +305,29 @@ class Webhooks:
         return await delivery_tries(self._rt, runs, conn=conn)
 
     async def resend(self, message_id: str, *, endpoint_id: UUID | str | None = None,
-                     conn: AnyConn | None = None) -> list[dict[str, Any]]:
+                     conn: AnyConn | None = None) -> list[Resent]:
         """A manual attempt (its own run, no retries on failure) per delivery of the message,
         or to one endpoint. Returns ``[{"endpoint_id", "run_id"}]``."""
         async with self._conn(conn) as c:
             rows = await self._all(c, self._rt.queries.webhook_delivery_resend, {
                 "message_id": message_id,
-                "endpoint_id": _uuid(endpoint_id) if endpoint_id is not None else None})
+                "endpoint_id": _uuid(endpoint_id) if endpoint_id is not None else None},
+                resent_row)
         if not rows:
             raise WebhookNotFound(f"no delivery of webhook message {message_id}"
                                   + (f" to endpoint {endpoint_id}" if endpoint_id else ""))
         return rows
 
     async def recover(self, endpoint_id: UUID | str, since: datetime, *, limit: int = 10_000,
-                      conn: AnyConn | None = None) -> list[dict[str, Any]]:
+                      conn: AnyConn | None = None) -> list[Recovered]:
         """Re-enqueue the endpoint's failed deliveries whose last attempt was at or after
-        ``since`` (a fresh series of scheduled attempts each). Returns them."""
+        ``since`` (a fresh series of scheduled attempts each). Returns
+        ``[{"message_id", "run_id"}]``."""
         endpoint = await self.get_endpoint(endpoint_id, conn=conn)
         async with self._conn(conn) as c:
             return await self._all(c, self._rt.queries.webhook_delivery_recover, {
                 "endpoint_id": endpoint.id, "since": since, "limit": limit,
-                "now": self._now()})
+                "now": self._now()}, recovered_row)
 
 
 def _row_of(endpoint: Endpoint) -> dict[str, Any]:
