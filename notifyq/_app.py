@@ -37,6 +37,7 @@ from notifyq._errors import ConfigError
 from notifyq._keys.admin import REENCRYPT, KeyAdmin
 from notifyq._keys.columns import EncryptedColumns
 from notifyq._keys.reencrypt import Reencryptor
+from notifyq._limits import MAX_SIGNAL_TOKEN_LEN
 from notifyq._policies import ConcurrencyPolicy, DedupePolicy, ReplayFrom, RetryPolicy, Scope
 from notifyq._registry import PeriodicSpec, Registry
 from notifyq._run import Run
@@ -299,8 +300,9 @@ class App:
         """Send a signal to ``ctx.wait_for_signal(token)``. It is delivered once: to the run
         waiting on ``token`` the longest (returns 1), or, when none waits, queued for the next
         wait on it, oldest first (returns 0), until ``purger.signal_retention_s`` expires it."""
-        if not isinstance(token, str) or not 0 < len(token) <= 512:
-            raise ValueError("signal token must be a string of 1 to 512 characters")
+        if not isinstance(token, str) or not 0 < len(token) <= MAX_SIGNAL_TOKEN_LEN:
+            raise ValueError(f"signal token must be a string of 1 to {MAX_SIGNAL_TOKEN_LEN} "
+                             "characters")
         encode_input([payload])  # JSON and size check, same as an input
         async with self._runtime.connection() as conn:
             return await self._control.signal(conn, token, {} if payload is None else payload)

@@ -15,6 +15,7 @@ from notifyq._db.pool import AsyncConn
 from notifyq._db.queries import Queries
 from notifyq._db.rows import run_row, typed_dict_row
 from notifyq._errors import InvalidTransition, RunNotFound
+from notifyq._limits import MAX_PAGE
 from notifyq._notifier import cancel_payload, wake_payload
 from notifyq._run import Run, RunStatus
 
@@ -119,7 +120,7 @@ class RunControl:
             "status": status, "job_type": job_type, "pool": pool, "tag": tag,
             "scope_entity_type": scope_entity_type, "scope_entity_id": scope_entity_id,
             "tenant_id": tenant_id, "trigger_source": trigger_source,
-            "parent_run_id": parent_run_id, "limit": max(1, min(limit, 1000)),
+            "parent_run_id": parent_run_id, "limit": max(1, min(limit, MAX_PAGE)),
             "before_id": before})
 
     async def cancel(self, conn: AsyncConn, run_id: UUID) -> Run:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from notifyq._errors import InvalidEnqueue
+from notifyq._limits import MAX_ATTEMPTS_RANGE, MAX_KEY_LEN
 from notifyq._run import DEDUPE_STATES, RUN_STATUSES
 
 
@@ -45,8 +46,9 @@ class RetryPolicy:
     """Defaults to ()."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.attempts <= 1000:
-            raise ValueError(f"attempts must be between 1 and 1000, got {self.attempts}")
+        low, high = MAX_ATTEMPTS_RANGE
+        if not low <= self.attempts <= high:
+            raise ValueError(f"attempts must be between {low} and {high}, got {self.attempts}")
         if self.base_s < 0:
             raise ValueError(f"base_s must not be negative, got {self.base_s}")
         if self.max_s < self.base_s:
@@ -163,8 +165,8 @@ def key_for(key: KeyFn, input_: Any, what: str) -> str:
         value = key(input_) if callable(key) else _fill(key, input_)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise InvalidEnqueue(f"cannot compute the {what} key from the input: {exc!r}") from None
-    if not isinstance(value, str) or not 0 < len(value) <= 512:
-        raise InvalidEnqueue(f"the {what} key must be a string of 1 to 512 characters, "
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_KEY_LEN:
+        raise InvalidEnqueue(f"the {what} key must be a string of 1 to {MAX_KEY_LEN} characters, "
                              f"got {value!r}")
     return value
 

@@ -10,8 +10,8 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from notifyq._context import JobContext
-from notifyq._enqueue.validate import JOB_TYPE, POOL
 from notifyq._errors import ConfigError
+from notifyq._limits import JOB_TYPE, POOL
 from notifyq._policies import (
     ConcurrencyPolicy,
     DedupePolicy,

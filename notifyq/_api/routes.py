@@ -11,13 +11,21 @@ from fastapi.responses import JSONResponse
 
 from notifyq._api import schemas
 from notifyq._app import App
+from notifyq._crypto.ciphertext import MAX_VERSION
 from notifyq._enqueue.request import EnqueueRequest
-from notifyq._enqueue.validate import JOB_TYPE, POOL
 from notifyq._errors import ConfigError, InvalidEnqueue, PayloadTooLarge
 from notifyq._http.auth import Authenticator
 from notifyq._http.gate import SchemaGate
 from notifyq._http.problems import problem
 from notifyq._http.schemas import responses_for
+from notifyq._limits import (
+    JOB_TYPE,
+    MAX_KEY_LEN,
+    MAX_PAGE,
+    MAX_SIGNAL_TOKEN_LEN,
+    MAX_TAG_LEN,
+    POOL,
+)
 from notifyq._run import Run, RunStatus
 from notifyq._webhooks.routes import add_webhook_routes
 
@@ -85,15 +93,15 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
         status: RunStatus | None = None,
         type: Annotated[str | None, Query(pattern=JOB_TYPE.pattern)] = None,
         pool: Annotated[str | None, Query(pattern=POOL.pattern)] = None,
-        tag: Annotated[str | None, Query(min_length=1, max_length=128,
+        tag: Annotated[str | None, Query(min_length=1, max_length=MAX_TAG_LEN,
                                          pattern=r"^[^\x00]+$")] = None,
-        scope: Annotated[str | None, Query(min_length=1, max_length=512,
+        scope: Annotated[str | None, Query(min_length=1, max_length=MAX_KEY_LEN,
                                            pattern=r"^[^\x00]+$")] = None,
-        scope_id: Annotated[str | None, Query(min_length=1, max_length=512,
+        scope_id: Annotated[str | None, Query(min_length=1, max_length=MAX_KEY_LEN,
                                               pattern=r"^[^\x00]+$")] = None,
-        tenant: Annotated[str | None, Query(min_length=1, max_length=512,
+        tenant: Annotated[str | None, Query(min_length=1, max_length=MAX_KEY_LEN,
                                             pattern=r"^[^\x00]+$")] = None,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         cursor: Annotated[UUID | None, Query(description="next_cursor of the previous page")
                           ] = None,
     ) -> dict[str, Any]:
@@ -139,7 +147,8 @@ def _add_signals(router: APIRouter, app: App, admin: list[Any]) -> None:
                  response_model=schemas.SignalOut, responses=responses_for(400, 413, 422, *AUTH),
                  summary="Signal the run waiting on a token (queued for the next wait if none)")
     async def send_signal(
-        token: Annotated[str, Path(min_length=1, max_length=512, pattern=r"^[^\x00]+$")],
+        token: Annotated[str, Path(min_length=1, max_length=MAX_SIGNAL_TOKEN_LEN,
+                                   pattern=r"^[^\x00]+$")],
         payload: Annotated[Any, Body(description="any JSON value; {} when absent")] = None,
     ) -> Any:
         try:
@@ -180,7 +189,7 @@ def _add_keys(router: APIRouter, app: App, read: list[Any], admin: list[Any]) ->
     @router.post("/admin/keys/{version}/retire", dependencies=admin,
                  responses=responses_for(409, 422, *AUTH),
                  summary="Retire a key version no row uses any more")
-    async def retire_key(version: Annotated[int, Path(ge=1, le=2_147_483_647)]) -> Any:
+    async def retire_key(version: Annotated[int, Path(ge=1, le=MAX_VERSION)]) -> Any:
         async with (await app.pool()).connection() as conn:
             try:
                 return await keys.retire(conn, version)

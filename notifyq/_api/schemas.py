@@ -8,8 +8,18 @@ from uuid import UUID
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from notifyq._enqueue.validate import MAX_DEDUPE_KEY_LEN, MAX_TAG_LEN, MAX_TAGS
 from notifyq._http.schemas import Text
+from notifyq._limits import (
+    MAX_ATTEMPTS_RANGE,
+    MAX_BATCH_RUNS,
+    MAX_INPUT_BYTES,
+    MAX_JOB_TYPE_LEN,
+    MAX_KEY_LEN,
+    MAX_POOL_LEN,
+    MAX_TAG_LEN,
+    MAX_TAGS,
+    PRIORITY_RANGE,
+)
 
 JsonValue = dict[str, Any] | list[Any]
 
@@ -21,22 +31,24 @@ class _In(BaseModel):
 class EnqueueIn(_In):
     """One run to enqueue. Unset fields take the job type's defaults."""
 
-    job_type: Annotated[Text, Field(min_length=1, max_length=128, examples=["email.send"])]
+    job_type: Annotated[Text, Field(min_length=1, max_length=MAX_JOB_TYPE_LEN,
+                                    examples=["email.send"])]
     input: JsonValue = Field(default_factory=dict, description="a JSON object or array, "
-                             "at most 64 KiB serialized")
+                             f"at most {MAX_INPUT_BYTES // 1024} KiB serialized")
     run_at: AwareDatetime | None = Field(None, description="not before this time (with offset)")
-    priority: Annotated[int, Field(ge=-1000, le=1000)] | None = None
-    pool: Annotated[Text, Field(min_length=1, max_length=64)] | None = None
-    max_attempts: Annotated[int, Field(ge=1, le=1000)] | None = None
-    dedupe_key: Annotated[Text, Field(min_length=1, max_length=MAX_DEDUPE_KEY_LEN)] | None = Field(
+    priority: Annotated[int, Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])] | None = None
+    pool: Annotated[Text, Field(min_length=1, max_length=MAX_POOL_LEN)] | None = None
+    max_attempts: Annotated[int, Field(ge=MAX_ATTEMPTS_RANGE[0],
+                                       le=MAX_ATTEMPTS_RANGE[1])] | None = None
+    dedupe_key: Annotated[Text, Field(min_length=1, max_length=MAX_KEY_LEN)] | None = Field(
         None, description="an existing run with this key is returned instead (200)")
     tags: Annotated[list[Annotated[Text, Field(min_length=1, max_length=MAX_TAG_LEN)]],
                     Field(max_length=MAX_TAGS)] | None = None
-    tenant_id: Annotated[Text, Field(min_length=1, max_length=512)] | None = None
+    tenant_id: Annotated[Text, Field(min_length=1, max_length=MAX_KEY_LEN)] | None = None
 
 
 class BatchIn(_In):
-    jobs: Annotated[list[EnqueueIn], Field(min_length=1, max_length=1000)]
+    jobs: Annotated[list[EnqueueIn], Field(min_length=1, max_length=MAX_BATCH_RUNS)]
 
 
 class RunOut(BaseModel):

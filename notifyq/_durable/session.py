@@ -35,6 +35,7 @@ from notifyq._enqueue.ids import new_run_id
 from notifyq._enqueue.refusals import translated_errors
 from notifyq._enqueue.validate import encode_input
 from notifyq._errors import ChildFailed, LeaseLost, StepError, WaitTimeout
+from notifyq._limits import MAX_STEP_ID_LEN
 from notifyq._policies import ClosePolicy, ReplayFrom, RetryPolicy
 from notifyq._run import RunInfo, RunStatus, error_json
 
@@ -211,8 +212,8 @@ class DurableSession:
     # -- the memo -----------------------------------------------------------------------------
 
     def _next(self, step_id: str) -> int:
-        if not step_id or len(step_id) > 512:
-            raise StepError(f"step id must be 1 to 512 characters, got {step_id!r}")
+        if not step_id or len(step_id) > MAX_STEP_ID_LEN:
+            raise StepError(f"step id must be 1 to {MAX_STEP_ID_LEN} characters, got {step_id!r}")
         if step_id in self._seen:
             raise StepError(f"step id {step_id!r} used twice in one execution of run "
                             f"{self._run.id}: give each step its own id")

@@ -12,16 +12,6 @@ from typing import Any
 
 from notifyq._enqueue.ids import _new_object, new_run_id
 from notifyq._enqueue.validate import (
-    ATTEMPTS_MAX,
-    ATTEMPTS_MIN,
-    JOB_TYPE,
-    MAX_ATTEMPTS_RANGE,
-    MAX_DEDUPE_KEY_LEN,
-    MAX_INPUT_BYTES,
-    POOL,
-    PRIORITY_MAX,
-    PRIORITY_MIN,
-    PRIORITY_RANGE,
     check_range,
     check_run_at,
     check_tags,
@@ -29,7 +19,19 @@ from notifyq._enqueue.validate import (
     encode_input,
 )
 from notifyq._errors import InvalidEnqueue
+from notifyq._limits import (
+    CONCURRENCY_LIMIT_RANGE,
+    JOB_TYPE,
+    MAX_ATTEMPTS_RANGE,
+    MAX_INPUT_BYTES,
+    MAX_KEY_LEN,
+    POOL,
+    PRIORITY_RANGE,
+)
 from notifyq._policies import check_dedupe_states
+
+PRIORITY_MIN, PRIORITY_MAX = PRIORITY_RANGE
+ATTEMPTS_MIN, ATTEMPTS_MAX = MAX_ATTEMPTS_RANGE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,8 +140,8 @@ def check_request(request: EnqueueRequest, *, pool: str | None, priority: int | 
     check_run_at(r.run_at)
     check_tags(r.tags)
     key = r.dedupe_key
-    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= MAX_DEDUPE_KEY_LEN):
-        raise InvalidEnqueue(f"dedupe_key must be a string of 1 to {MAX_DEDUPE_KEY_LEN} characters")
+    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LEN):
+        raise InvalidEnqueue(f"dedupe_key must be a string of 1 to {MAX_KEY_LEN} characters")
     _check_durable(r)
     return input_json
 
@@ -147,12 +149,12 @@ def check_request(request: EnqueueRequest, *, pool: str | None, priority: int | 
 def _check_durable(request: EnqueueRequest) -> None:
     for name in ("tenant_id", "concurrency_key", "scope_entity_type", "scope_entity_id"):
         value = getattr(request, name)
-        if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 512):
-            raise InvalidEnqueue(f"{name} must be a string of 1 to 512 characters")
+        if value is not None and (not isinstance(value, str) or not 0 < len(value) <= MAX_KEY_LEN):
+            raise InvalidEnqueue(f"{name} must be a string of 1 to {MAX_KEY_LEN} characters")
     if request.concurrency_collision not in (None, "queue", "reject", "replace"):
         raise InvalidEnqueue("concurrency_collision must be queue, reject or replace, got "
                              f"{request.concurrency_collision!r}")
-    check_range("concurrency_limit", request.concurrency_limit, (1, 100_000))
+    check_range("concurrency_limit", request.concurrency_limit, CONCURRENCY_LIMIT_RANGE)
     window = request.dedupe_window_s
     if window is not None and (not isinstance(window, int | float) or window <= 0):
         raise InvalidEnqueue(f"dedupe_window_s must be a positive number, got {window!r}")

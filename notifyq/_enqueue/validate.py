@@ -1,28 +1,16 @@
-"""Validation at the edge: the limits of a run's fields and the checks of its values, with
-errors that name the problem. Nothing here touches the database."""
+"""Validation at the edge: the checks of a run's values against its limits
+(``notifyq._limits``), with errors that name the problem. Nothing here touches the database."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from notifyq._errors import InvalidEnqueue, PayloadTooLarge
-
-JOB_TYPE = re.compile(r"^[a-z0-9_][a-z0-9_.:-]{0,127}$")
-POOL = re.compile(r"^[a-z0-9_][a-z0-9_.:-]{0,63}$")
-MAX_INPUT_BYTES = 65_536
-PRIORITY_RANGE = (-1000, 1000)
-MAX_ATTEMPTS_RANGE = (1, 1000)
-PRIORITY_MIN, PRIORITY_MAX = PRIORITY_RANGE
-ATTEMPTS_MIN, ATTEMPTS_MAX = MAX_ATTEMPTS_RANGE
-RUN_AT_RANGE = (datetime(2000, 1, 1, tzinfo=UTC), datetime(3000, 1, 1, tzinfo=UTC))
-MAX_TAGS = 32
-MAX_TAG_LEN = 128
-MAX_DEDUPE_KEY_LEN = 512
-
+from notifyq._limits import JOB_TYPE, MAX_INPUT_BYTES, MAX_TAG_LEN, MAX_TAGS, RUN_AT_RANGE
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
 
@@ -124,8 +112,8 @@ def check_run_at(run_at: datetime | None) -> None:
     if not isinstance(run_at, datetime) or run_at.tzinfo is None:
         raise InvalidEnqueue("run_at must be a timezone-aware datetime")
     if not RUN_AT_RANGE[0] <= run_at < RUN_AT_RANGE[1]:
-        raise InvalidEnqueue(
-            f"run_at {run_at.isoformat()} is out of range [2000-01-01, 3000-01-01)")
+        raise InvalidEnqueue(f"run_at {run_at.isoformat()} is out of range "
+                             f"[{RUN_AT_RANGE[0]:%Y-%m-%d}, {RUN_AT_RANGE[1]:%Y-%m-%d})")
 
 
 def check_tags(tags: Sequence[str] | None) -> None:

@@ -27,9 +27,9 @@ from psycopg.rows import dict_row
 from notifyq._enqueue.bulk import Batch
 from notifyq._enqueue.refusals import translated_errors
 from notifyq._enqueue.request import EnqueueRequest, Prepared, coerce_requests, prepare
-from notifyq._enqueue.validate import MAX_INPUT_BYTES
 from notifyq._enqueue.wake import WakeSender
 from notifyq._errors import PayloadTooLarge
+from notifyq._limits import MAX_INPUT_BYTES
 from notifyq._notifier import wake_payload
 from notifyq._policies import key_for
 from notifyq._registry import HandlerSpec, Registry

@@ -19,11 +19,23 @@ from notifyq._errors import InvalidEndpoint
 from notifyq._settings import WebhookSettings
 from notifyq._webhooks.ssrf import Guard
 
+# The limits of webhook endpoints and messages: the one source for these checks and the admin
+# API's schemas. The database states the URL's and (in _send_webhook) the event type's, the
+# idempotency key's and the payload's too; tests/db/test_limits.py holds the two sides equal.
 MAX_URL_LENGTH = 2048
 MAX_HEADERS = 50
+MAX_HEADER_NAME_LEN = 256
+MAX_HEADER_VALUE_LEN = 4096
 MAX_EVENT_TYPES = 1000
-EVENT_TYPE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
+MAX_EVENT_TYPE_LEN = 128
+MAX_DESCRIPTION_LEN = 1000
+MAX_SECRET_LEN = 200
+"""A generous bound on ``whsec_`` + base64 of at most 64 bytes (94 characters)."""
+MAX_IDEMPOTENCY_KEY_LEN = 256
+MAX_PAYLOAD_BYTES = 262_144
+"""A message's body as jsonb prints it; checked by the database (_send_webhook)."""
+EVENT_TYPE = re.compile(rf"^[A-Za-z0-9_][A-Za-z0-9_.:-]{{0,{MAX_EVENT_TYPE_LEN - 1}}}$")
+_HEADER_NAME = re.compile(rf"^[!#$%&'*+.^_`|~0-9A-Za-z-]{{1,{MAX_HEADER_NAME_LEN}}}$")
 # Custom headers can never replace what signs and frames the request.
 RESERVED_HEADERS = frozenset({"webhook-id", "webhook-timestamp", "webhook-signature",
                               "content-type", "content-length", "host", "transfer-encoding",
@@ -72,9 +84,10 @@ def check_headers(headers: dict[str, str] | None) -> dict[str, str]:
         lowered = name.lower()
         if lowered in RESERVED_HEADERS or lowered.startswith("webhook-"):
             raise InvalidEndpoint(f"headers: {name} is set by notifyq and cannot be overridden")
-        if not isinstance(value, str) or any(c in value for c in "\r\n\x00") or len(value) > 4096:
+        if (not isinstance(value, str) or any(c in value for c in "\r\n\x00")
+                or len(value) > MAX_HEADER_VALUE_LEN):
             raise InvalidEndpoint(f"headers: the value of {name} must be a single-line string "
-                                  "of at most 4096 characters")
+                                  f"of at most {MAX_HEADER_VALUE_LEN} characters")
         out[name] = value
     return out
 

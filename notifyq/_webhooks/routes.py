@@ -18,11 +18,26 @@ from notifyq._app import App
 from notifyq._errors import ConfigError, InvalidEndpoint, InvalidEnqueue, WebhookNotFound
 from notifyq._http.problems import problem
 from notifyq._http.schemas import Text, responses_for
-from notifyq._webhooks.endpoints import MAX_URL_LENGTH
+from notifyq._limits import MAX_PAGE
+from notifyq._webhooks.endpoints import (
+    MAX_DESCRIPTION_LEN,
+    MAX_EVENT_TYPE_LEN,
+    MAX_EVENT_TYPES,
+    MAX_HEADER_NAME_LEN,
+    MAX_HEADER_VALUE_LEN,
+    MAX_IDEMPOTENCY_KEY_LEN,
+    MAX_SECRET_LEN,
+    MAX_URL_LENGTH,
+)
 from notifyq._webhooks.rows import Message
 
 MESSAGE_ID = r"^[A-Za-z0-9_-]{1,64}$"
-Header = dict[Annotated[str, Field(max_length=256)], Annotated[Text, Field(max_length=4096)]]
+Header = dict[Annotated[str, Field(max_length=MAX_HEADER_NAME_LEN)],
+              Annotated[Text, Field(max_length=MAX_HEADER_VALUE_LEN)]]
+EventTypes = Annotated[list[Annotated[Text, Field(max_length=MAX_EVENT_TYPE_LEN)]],
+                       Field(max_length=MAX_EVENT_TYPES)]
+Description = Annotated[Text, Field(max_length=MAX_DESCRIPTION_LEN)]
+Secret = Annotated[str, Field(max_length=MAX_SECRET_LEN)]
 
 
 
@@ -33,21 +48,18 @@ class _In(BaseModel):
 
 class EndpointIn(_In):
     url: Annotated[Text, Field(min_length=1, max_length=MAX_URL_LENGTH)]
-    description: Annotated[Text, Field(max_length=1000)] = ""
-    event_types: Annotated[list[Annotated[Text, Field(max_length=128)]],
-                           Field(max_length=1000)] | None = Field(
-        None, description="null: every event type")
+    description: Description = ""
+    event_types: EventTypes | None = Field(None, description="null: every event type")
     headers: Header | None = None
-    secret: Annotated[str, Field(max_length=200)] | None = Field(
+    secret: Secret | None = Field(
         None, description="whsec_ + base64 of 24-64 bytes; generated when absent")
     enabled: bool = True
 
 
 class EndpointPatch(_In):
     url: Annotated[Text, Field(min_length=1, max_length=MAX_URL_LENGTH)] | None = None
-    description: Annotated[Text, Field(max_length=1000)] | None = None
-    event_types: Annotated[list[Annotated[Text, Field(max_length=128)]],
-                           Field(max_length=1000)] | None = None
+    description: Description | None = None
+    event_types: EventTypes | None = None
     headers: Header | None = None
     enabled: bool | None = None
 
@@ -75,7 +87,7 @@ class EndpointPage(BaseModel):
 
 
 class RotateIn(_In):
-    secret: Annotated[str, Field(max_length=200)] | None = None
+    secret: Secret | None = None
     grace_s: Annotated[float, Field(ge=0, le=30 * 86_400)] | None = None
 
 
@@ -84,10 +96,11 @@ class RecoverIn(_In):
 
 
 class MessageIn(_In):
-    event_type: Annotated[Text, Field(min_length=1, max_length=128)]
+    event_type: Annotated[Text, Field(min_length=1, max_length=MAX_EVENT_TYPE_LEN)]
     payload: dict[str, Any] | list[Any]
     endpoint_id: UUID | None = None
-    idempotency_key: Annotated[Text, Field(min_length=1, max_length=256)] | None = None
+    idempotency_key: Annotated[Text, Field(min_length=1,
+                                           max_length=MAX_IDEMPOTENCY_KEY_LEN)] | None = None
 
 
 class MessageOut(BaseModel):
@@ -137,7 +150,7 @@ def add_webhook_routes(router: APIRouter, app: App, read: list[Any],
                 responses=responses_for(422, *auth), tags=["webhooks"], summary="Endpoints")
     async def list_endpoints(
         enabled: bool | None = None,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
         cursor: UUID | None = None,
     ) -> Any:
         items = await app.webhooks.list_endpoints(enabled=enabled, limit=limit, after=cursor)
