@@ -38,7 +38,7 @@ def dsn_for(database: str) -> str:
 
 def _admin(sql: str) -> None:
     with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]
+        conn.execute(sql)
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +49,7 @@ def template_db() -> Iterator[str]:
         async def go() -> None:
             conn = await psycopg.AsyncConnection.connect(dsn_for(name), autocommit=True)
             async with conn:
-                await migrations.migrate(conn, "notifyq")  # type: ignore[arg-type]
+                await migrations.migrate(conn, "notifyq")
         import anyio
         anyio.run(go)
         yield name

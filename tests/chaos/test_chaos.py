@@ -107,10 +107,12 @@ def test_sigkill_a_worker_every_1_5_s_under_load(dsn: str, db: Conn, logs: Path)
     # another worker (the reaper's error names the dead worker; completion keeps the error).
     orphans, recoveries = [], []
     for pid, killed_at in kills:
-        n, done = db.execute(
+        row = db.execute(
             "SELECT count(*), max(finished_at) FROM notifyq.job_run "
             "WHERE error->>'type' = 'LeaseExpired' AND error->>'message' LIKE %s",
             (f"%:{pid}:%",)).fetchone()
+        assert row is not None
+        n, done = row
         orphans.append(n)
         if n:
             recoveries.append((done - killed_at).total_seconds())

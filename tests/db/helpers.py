@@ -66,7 +66,7 @@ def get(conn: Conn, q: Queries, run_id: UUID) -> dict[str, Any]:
 
 
 def count(conn: Conn, where: str = "true") -> int:
-    row = conn.execute(f"SELECT count(*) AS n FROM notifyq.job_run WHERE {where}").fetchone()  # type: ignore[arg-type]
+    row = conn.execute(f"SELECT count(*) AS n FROM notifyq.job_run WHERE {where}").fetchone()
     assert row is not None
     return int(row["n"])
 

@@ -12,7 +12,9 @@ Conn = psycopg.Connection[dict[str, Any]]
 
 
 def _enqueue(db: Conn, job_type: str = "t.parent") -> Any:
-    return db.execute("SELECT notifyq.enqueue(%s, '{}'::jsonb) AS id", (job_type,)).fetchone()["id"]
+    row = db.execute("SELECT notifyq.enqueue(%s, '{}'::jsonb) AS id", (job_type,)).fetchone()
+    assert row is not None
+    return row["id"]
 
 
 def test_children_of_a_run_are_listed_oldest_first_and_only_theirs(db: Conn, q: Queries) -> None:

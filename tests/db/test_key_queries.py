@@ -22,7 +22,7 @@ K1, K2 = os.urandom(32), os.urandom(32)
 
 def _fill(template: str, pk_type: str = "bigint") -> str:
     """What ColumnQueries does for public.vault(id, secret)."""
-    return sql.SQL(template).format(  # type: ignore[arg-type]
+    return sql.SQL(template).format(
         table=sql.Identifier("public", "vault"), pk=sql.Identifier("id"),
         column=sql.Identifier("secret"), pk_type=sql.SQL(pk_type)).as_string(None)
 

@@ -79,7 +79,7 @@ def test_sql_enqueue_dedupe_is_race_free_across_transactions(db: Conn, db2: Conn
 def test_sql_enqueue_refuses_bad_input_and_writes_nothing(
         db: Conn, call: str, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match="notifyq: " + message):
-        db.execute(call)  # type: ignore[arg-type]
+        db.execute(call)
     assert count(db) == 0
 
 

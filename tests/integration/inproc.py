@@ -22,7 +22,7 @@ async def fetch(app: App, query: str, *params: Any) -> list[dict[str, Any]]:
     assert dsn is not None
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True,
                                                      row_factory=dict_row) as conn:
-        cur = await conn.execute(query, params or None)  # type: ignore[arg-type]
+        cur = await conn.execute(query, params or None)
         return await cur.fetchall()
 
 

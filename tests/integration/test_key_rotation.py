@@ -16,13 +16,21 @@ import anyio
 import psycopg
 import pytest
 
-from notifyq import App, ConfigError, InvalidTransition, RetiredKeyVersion, RotationInProgress
+from notifyq import (
+    App,
+    ConfigError,
+    InvalidTransition,
+    Keyring,
+    RetiredKeyVersion,
+    RotationInProgress,
+)
 from notifyq._crypto.ciphertext import Context
 from notifyq._errors import StaleWriters
 from notifyq._keys.reencrypt import Batch, BatchHook, ReencryptOptions, Reencryptor
 from tests import vault
+from tests.conftest import fast_settings
 from tests.integration.inproc import running, status_becomes
-from tests.support import eventually
+from tests.support import eventually, scalar
 
 pytestmark = pytest.mark.anyio
 
@@ -208,12 +216,12 @@ async def test_a_writer_that_never_stops_using_the_old_key_fails_the_run_with_a_
 async def test_corrupted_rows_are_reported_and_skipped_and_the_rest_is_rotated(
         dsn: str, sql: Sql) -> None:
     vault.fill(sql, vault.keyring(1, active=1), 300, 20)
-    blob7 = sql.execute("SELECT secret FROM vault_a WHERE id = 7").fetchone()[0]
+    blob7 = scalar(sql, "SELECT secret FROM vault_a WHERE id = 7")
     sql.execute("UPDATE vault_a SET secret = set_byte(secret, 40, get_byte(secret, 40) # 1) "
                 "WHERE id = 5")
     sql.execute("UPDATE vault_a SET secret = %s WHERE id = 6", (blob7,))
     sql.execute("UPDATE vault_a SET secret = '\\x0102'::bytea WHERE id = 8")
-    unknown = vault.Keyring({9: vault.KEY3}, active=9)
+    unknown = Keyring({9: vault.KEY3}, active=9)
     sql.execute("UPDATE vault_a SET secret = %s WHERE id = 9",
                 (unknown.encrypt(b"v9", _ctx(9)),))
     app = vault.vault_app(dsn, 1, 2, active=2)
@@ -275,7 +283,7 @@ async def test_a_different_key_under_a_known_version_stops_the_start_naming_the_
     first = vault.vault_app(dsn, 1, 2, active=2)
     async with first, (await first.pool()).connection() as conn:
         await first.keys.sync(conn)
-    swapped = App(settings=vault.fast_settings(
+    swapped = App(settings=fast_settings(
         dsn, keys=f"1:{vault.b64(vault.KEY1)},2:{vault.b64(vault.KEY3)}", active_key_version=2))
     async with swapped:
         with pytest.raises(ConfigError, match="key version 2 does not match the key that "

@@ -20,6 +20,7 @@ from notifyq import (
     RunStatus,
     Snooze,
 )
+from notifyq._control import StatusCount
 from notifyq._dispatch.completer import Completer
 from notifyq._dispatch.outcome import Outcome
 from notifyq._errors import LeaseLost
@@ -573,10 +574,9 @@ async def test_stats_and_listing_reflect_the_table(app: App) -> None:
                                    for i in range(5)])
     await app.cancel(runs[0].id)
     stats = await app.stats()
-    assert stats.counts == [
-        {"job_type": "t.s", "pool": "p1", "status": "canceled", "count": 1},
-        {"job_type": "t.s", "pool": "p1", "status": "pending", "count": 4}]
-    assert [(r["pool"], r["runnable"]) for r in stats.runnable] == [("p1", 4)]
+    assert stats.counts == [StatusCount("t.s", "p1", "canceled", 1),
+                            StatusCount("t.s", "p1", "pending", 4)]
+    assert [(r.pool, r.runnable) for r in stats.runnable] == [("p1", 4)]
     first = await app.list_runs(limit=3)
     rest = await app.list_runs(limit=3, before=first[-1].id)
     assert len(first) == 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -200,8 +201,10 @@ def test_settings_keyring_and_errors_never_show_key_bytes_or_plaintext(
     settings = load_settings()
     texts = [repr(settings), str(settings), repr(ring), str(ring)]
     blob = ring.encrypt(b"PLAINTEXT-MARKER", CTX)
-    for attempt in (lambda: ring.decrypt(blob, Context("public.users", "api_token", "1")),
-                    lambda: Keyring({1: K1}, active=1).decrypt(blob, CTX)):
+    attempts: list[Callable[[], bytes]] = [
+        lambda: ring.decrypt(blob, Context("public.users", "api_token", "1")),
+        lambda: Keyring({1: K1}, active=1).decrypt(blob, CTX)]
+    for attempt in attempts:
         with pytest.raises(DecryptionFailed) as raised:
             attempt()
         texts += [str(raised.value), repr(raised.value)]

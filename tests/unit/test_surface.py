@@ -44,7 +44,7 @@ def test_queries_quote_the_schema_identifier() -> None:
 
 def test_an_unknown_query_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no query named job_run_nope"):
-        _ = queries_for("notifyq").job_run_nope
+        _ = queries_for("notifyq").job_run_nope  # type: ignore[attr-defined]  # mypy says so too
 
 
 def test_sql_files_are_found_from_a_source_checkout() -> None:

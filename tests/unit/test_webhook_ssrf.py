@@ -4,6 +4,7 @@ DNS; nothing leaves this machine)."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 
 import anyio
@@ -130,7 +131,8 @@ class _Recording:
     def __init__(self) -> None:
         self.connects: list[tuple[str, int]] = []
 
-    async def __call__(self, host: str, port: int, **_: object) -> object:
+    async def __call__(self, host: str, port: int,
+                       **_: object) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         self.connects.append((host, port))
         raise ConnectionRefusedError("recorded, not connected")
 

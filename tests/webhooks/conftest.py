@@ -11,6 +11,7 @@ from standardwebhooks.webhooks import Webhook
 
 from notifyq import App
 from notifyq._settings import Settings
+from notifyq._webhooks.deliver import Deliverer
 from tests import vault
 from tests.conftest import fast_settings
 from tests.receiver import Received, Receiver
@@ -43,6 +44,16 @@ def receiver() -> Iterator[Receiver]:
         server.stop()
 
 
-def verify(secret: str, request: Received) -> Any:
-    """Standard Webhooks verification of a received request against its raw body."""
+def verify(secret: str | None, request: Received) -> Any:
+    """Standard Webhooks verification of a received request against its raw body, with an
+    endpoint's ``secret`` (None: the endpoint was not just created or rotated)."""
+    if secret is None:
+        raise AssertionError("no secret: an endpoint shows it only when created or rotated")
     return Webhook(secret).verify(request.body, request.headers)
+
+
+def deliverer(app: App) -> Deliverer:
+    """The App's webhook deliverer, installed when webhooks are enabled (a keyring)."""
+    if app._deliverer is None:
+        raise AssertionError("webhooks are not enabled on this App: no deliverer")
+    return app._deliverer

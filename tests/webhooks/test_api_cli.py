@@ -19,7 +19,7 @@ from tests import vault
 from tests.integration.inproc import running
 from tests.receiver import Receiver
 from tests.support import ROOT, eventually
-from tests.webhooks.conftest import verify, webhook_settings
+from tests.webhooks.conftest import deliverer, verify, webhook_settings
 
 pytestmark = pytest.mark.anyio
 ADMIN = "admin-token-for-webhook-tests-0123"
@@ -33,7 +33,7 @@ async def api(dsn: str) -> AsyncIterator[tuple[App, httpx.AsyncClient]]:
     app = App(settings=settings)
     async with app:
         state = ServiceState()
-        app._deliverer.observer = state.metrics.webhook_attempt  # as `notifyq serve` does
+        deliverer(app).observer = state.metrics.webhook_attempt  # as `notifyq serve` does
         transport = httpx.ASGITransport(app=create_api(app, state))
         async with httpx.AsyncClient(transport=transport, base_url="http://api",
                                      headers={"authorization": f"Bearer {ADMIN}"}) as client:

@@ -21,7 +21,7 @@ from cryptography.x509.oid import NameOID
 from notifyq import App
 from notifyq._errors import ResolutionFailed, Snooze
 from tests.receiver import Receiver
-from tests.webhooks.conftest import webhook_settings
+from tests.webhooks.conftest import deliverer, webhook_settings
 
 pytestmark = pytest.mark.anyio
 
@@ -87,16 +87,16 @@ async def test_an_untrusted_certificate_is_a_tls_error_and_no_request_reaches_th
         dsn: str, tls_receiver: tuple[Receiver, Path]) -> None:
     receiver, cafile = tls_receiver
     app = App(settings=webhook_settings(dsn))
-    app._deliverer.resolver = _no_dns  # localhost is never resolved through DNS
+    deliverer(app).resolver = _no_dns  # localhost is never resolved through DNS
     async with app:
         ep = await app.webhooks.create_endpoint(f"https://localhost:{receiver.port}/hook")
         msg = (await app.webhooks.send("order.paid", {}, endpoint_id=ep.id)).id
         with pytest.raises(Snooze):
-            await app._deliverer.deliver(msg, ep.id)
+            await deliverer(app).deliver(msg, ep.id)
         [attempt] = await app.webhooks.attempts(msg)
         assert attempt["error_kind"] == "tls"
         assert attempt["status_code"] is None
-        assert "CERTIFICATE_VERIFY_FAILED" in attempt["error"]
+        assert "CERTIFICATE_VERIFY_FAILED" in (attempt["error"] or "")
         assert receiver.connections == 0  # the handshake never completed
         assert receiver.requests == []
 
@@ -119,17 +119,17 @@ async def test_a_name_that_does_not_resolve_is_a_dns_error_and_nothing_is_contac
             raise ResolutionFailed(f"cannot resolve {name}: Name or service not known")
         return []
 
-    app._deliverer.resolver = resolver
+    deliverer(app).resolver = resolver
     async with app:
         ep = await app.webhooks.create_endpoint(
             f"http://nowhere.invalid:{receiver.port}/hook")
         msg = (await app.webhooks.send("order.paid", {}, endpoint_id=ep.id)).id
         with pytest.raises(Snooze):
-            await app._deliverer.deliver(msg, ep.id)
+            await deliverer(app).deliver(msg, ep.id)
         [attempt] = await app.webhooks.attempts(msg)
         assert attempt["error_kind"] == "dns"
         assert attempt["status_code"] is None
-        assert "nowhere.invalid" in attempt["error"]
+        assert "nowhere.invalid" in (attempt["error"] or "")
         assert asked == [("nowhere.invalid", receiver.port)]
         assert attempt["next_attempt_at"] is not None  # retried on the schedule
         assert receiver.connections == 0

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import psycopg
 import pytest
@@ -126,11 +127,11 @@ async def test_recover_since_re_enqueues_the_failed_deliveries_of_an_endpoint(
     second = await wapp.webhooks.send("order.paid", {"id": 2})
     async with running(wapp):
         for sent in (first, second):
-            await eventually(lambda sent=sent: _delivery_status(wapp, sent.id, "failed"))
+            await eventually(partial(_delivery_status, wapp, sent.id, "failed"))
         recovered = await wapp.webhooks.recover(ep.id, before)
         assert sorted(r["message_id"] for r in recovered) == sorted([first.id, second.id])
         for sent in (first, second):
-            await eventually(lambda sent=sent: _delivery_status(wapp, sent.id, "succeeded"))
+            await eventually(partial(_delivery_status, wapp, sent.id, "succeeded"))
     assert await wapp.webhooks.recover(ep.id, before) == []  # nothing failed any more
     assert len(await wapp.webhooks.attempts(first.id)) == 4
 
