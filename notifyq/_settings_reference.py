@@ -7,7 +7,8 @@ field, or ``Field(description=...)``). A description ends by stating the default
 
     python -m notifyq._settings_reference > docs/settings.md
 
-``tests/docs/test_settings_reference.py`` fails when the file and this output differ.
+``--check docs/settings.md`` exits 1 when the file is not this output (``.ci/run lint``, the
+pre-commit hook); ``tests/docs/test_settings_reference.py`` fails then too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import functools
 import inspect
 import json
 import re
+import sys
 import textwrap
 import types
 from collections.abc import Iterator
@@ -359,5 +361,21 @@ def _field(entry: Entry) -> list[str]:
     return lines
 
 
+def main(argv: list[str]) -> int:
+    """Print the reference; with ``--check PATH``, exit 1 unless PATH holds it already."""
+    if not argv:
+        print(render(), end="")
+        return 0
+    if len(argv) == 2 and argv[0] == "--check":
+        path = Path(argv[1])
+        if path.is_file() and path.read_text() == render():
+            return 0
+        print(f"{path} is out of date: regenerate it with "
+              f"`python -m notifyq._settings_reference > {path}`", file=sys.stderr)
+        return 1
+    print("usage: python -m notifyq._settings_reference [--check PATH]", file=sys.stderr)
+    return 2
+
+
 if __name__ == "__main__":
-    print(render(), end="")
+    sys.exit(main(sys.argv[1:]))

@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel, SecretStr
 
 from notifyq import Settings
-from notifyq._settings_reference import Entry, entries, render, sections
+from notifyq._settings_reference import Entry, entries, main, render, sections
 from notifyq.settings import load_settings
 from tests.support import ROOT
 
@@ -106,3 +106,14 @@ def test_every_environment_variable_of_the_reference_sets_its_setting(
         if entry.path in VALUES:
             assert _value_at(settings, entry.path) == VALUES[entry.path][1]
         monkeypatch.delenv(name)
+
+
+def test_the_check_mode_fails_on_a_stale_reference_and_says_how_to_regenerate_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    current, stale = tmp_path / "current.md", tmp_path / "stale.md"
+    current.write_text(render())
+    stale.write_text(render().replace("worker.lease_s", "worker.lease"))
+    assert main(["--check", str(current)]) == 0
+    assert main(["--check", str(stale)]) == 1
+    assert main(["--check", str(tmp_path / "missing.md")]) == 1
+    assert "python -m notifyq._settings_reference >" in capsys.readouterr().err
