@@ -304,7 +304,8 @@ over all of these for their command.
 setting and its variable, e.g.
 `invalid configuration: worker.concurrency (NOTIFYQ_WORKER__CONCURRENCY): Input should be
 greater than or equal to 1`; a config file that is not valid YAML is named with its line and
-column. Unknown settings in the file are refused too. Secrets (`keys`, tokens, passwords in
+column. Unknown settings in the file are refused too; an unknown `NOTIFYQ_*` variable is
+ignored, so check the names below. Secrets (`keys`, tokens, passwords in
 `database_url`) never appear in logs or errors.
 
 A `notifyq.yaml` with a few of them:
@@ -313,7 +314,7 @@ A `notifyq.yaml` with a few of them:
 schema_name: notifyq
 worker:
   concurrency: 20
-  pools: [default, emails, webhooks]
+  pools: [default, emails, webhooks]   # replaces the default: keep webhooks to deliver them
 purger:
   completed_retention_s: 3600
 api:
