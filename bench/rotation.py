@@ -17,10 +17,10 @@ import anyio
 import psycopg
 
 from notifyq import App, Keyring
-from notifyq.crypto.ciphertext import Context
-from notifyq.db import migrate as migrations
-from notifyq.handlers.reencrypt import ReencryptOptions, Reencryptor
-from notifyq.settings import Settings
+from notifyq._db import migrate as migrations
+from notifyq._keys.ciphertext import Context
+from notifyq._keys.reencrypt import ReencryptOptions, Reencryptor
+from notifyq._settings import Settings
 
 DATABASE = "notifyq_bench_rotation"
 K1, K2 = os.urandom(32), os.urandom(32)

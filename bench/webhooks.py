@@ -32,7 +32,7 @@ import anyio
 import psycopg
 
 from notifyq import App
-from notifyq.settings import Settings
+from notifyq._settings import Settings
 
 DATABASE = "notifyq_bench_webhooks"
 KEY = base64.b64encode(os.urandom(32)).decode()

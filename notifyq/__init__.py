@@ -11,16 +11,14 @@ Example::
         ...
 """
 
-from notifyq.app import App
-from notifyq.clock import Clock, ManualClock, SystemClock
-from notifyq.context import JobContext
-from notifyq.crypto.columns import EncryptedColumn
-from notifyq.crypto.keyring import Keyring
-from notifyq.dispatch.retry import RetryPolicy
-from notifyq.durable.policies import ConcurrencyPolicy, DedupePolicy, Scope
-from notifyq.durable.session import ChildRun
-from notifyq.enqueue import EnqueueRequest
-from notifyq.errors import (
+from notifyq._app import App
+from notifyq._clock import Clock, ManualClock, SystemClock
+from notifyq._context import JobContext
+from notifyq._dispatch.retry import RetryPolicy
+from notifyq._durable.policies import ConcurrencyPolicy, DedupePolicy, Scope
+from notifyq._durable.session import ChildRun
+from notifyq._enqueue.validate import EnqueueRequest
+from notifyq._errors import (
     ChildFailed,
     ConcurrencyRejected,
     ConfigError,
@@ -42,8 +40,10 @@ from notifyq.errors import (
     UnknownKeyVersion,
     WaitTimeout,
 )
-from notifyq.run import Run, RunInfo, RunStatus
-from notifyq.settings import Settings
+from notifyq._keys.columns import EncryptedColumn
+from notifyq._keys.keyring import Keyring
+from notifyq._run import Run, RunInfo, RunStatus
+from notifyq._settings import Settings
 
 __all__ = [
     "App",

@@ -1,3 +1,3 @@
-from notifyq.cli import main
+from notifyq._cli.main import main
 
 raise SystemExit(main())

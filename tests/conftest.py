@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 from notifyq import App
-from notifyq.db import migrate as migrations
-from notifyq.settings import Settings
+from notifyq._db import migrate as migrations
+from notifyq._settings import Settings
 from tests.support import worker_log_dir
 
 ADMIN_DSN = os.environ.get("NOTIFYQ_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -29,7 +29,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != 
 from _common import CELLS, Peer, Sizes, cell_drain, expect, main, sql_one, started  # noqa: E402
 
 from notifyq import App, JobContext  # noqa: E402
-from notifyq.settings import load_settings  # noqa: E402
+from notifyq._settings import load_settings  # noqa: E402
 
 BEST_OF = (50, 100, 200)
 

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from notifyq import App, JobContext, RetryPolicy
-from notifyq.dispatch.worker import Worker
+from notifyq._dispatch.worker import Worker
 from tests.apps.faults import FAULTS_DDL
 from tests.conftest import fast_settings
 from tests.support import (

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from notifyq.db.queries import Queries, queries_for
+from notifyq._db.queries import Queries, queries_for
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 

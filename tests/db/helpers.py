@@ -8,8 +8,8 @@ from uuid import UUID
 
 import psycopg
 
-from notifyq.db.queries import Queries
-from notifyq.enqueue import EnqueueRequest, prepare
+from notifyq._db.queries import Queries
+from notifyq._enqueue.validate import EnqueueRequest, prepare
 
 Conn = psycopg.Connection[dict[str, Any]]
 

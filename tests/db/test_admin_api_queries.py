@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 
-from notifyq.db.queries import Queries
+from notifyq._db.queries import Queries
 
 Conn = psycopg.Connection[dict[str, Any]]
 

@@ -10,8 +10,8 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from notifyq.db.queries import Queries
-from notifyq.enqueue import new_run_id
+from notifyq._db.queries import Queries
+from notifyq._enqueue.validate import new_run_id
 from tests.db.conftest import T0
 from tests.db.helpers import Conn, claim, enqueue, finish, get, no_waits, seconds
 

@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from notifyq.db.queries import Queries
-from notifyq.enqueue import EnqueueRequest, new_run_ids, prepare
+from notifyq._db.queries import Queries
+from notifyq._enqueue.validate import EnqueueRequest, new_run_ids, prepare
 from tests.db.conftest import T0
 from tests.db.helpers import DEFINITION, Conn, claim, enqueue, finish, get
 

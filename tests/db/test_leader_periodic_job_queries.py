@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import uuid4
 
-from notifyq.db.queries import Queries
+from notifyq._db.queries import Queries
 from tests.db.conftest import T0
 from tests.db.helpers import DEFINITION, Conn, count, seconds
 

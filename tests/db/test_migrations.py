@@ -10,8 +10,8 @@ import pytest
 from psycopg.rows import dict_row
 
 from notifyq import SchemaError
-from notifyq.db import migrate as migrations
-from notifyq.db.queries import Queries
+from notifyq._db import migrate as migrations
+from notifyq._db.queries import Queries
 
 pytestmark = pytest.mark.anyio
 

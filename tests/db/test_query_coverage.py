@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from notifyq.db.queries import queries_for
+from notifyq._db.queries import queries_for
 
 
 def test_every_named_query_is_exercised_by_a_db_test() -> None:

@@ -92,7 +92,7 @@ def test_sql_enqueue_accepts_exactly_64_kib(db: Conn) -> None:
 
 
 def test_python_and_sql_agree_on_the_size_of_an_input(db: Conn) -> None:
-    from notifyq.enqueue import encode_input
+    from notifyq._enqueue.validate import encode_input
 
     value = {"b": [0] * 100, "a": {"nested": "é", "list": [1.5, "x"]}}
     row = db.execute("SELECT octet_length(%s::jsonb::text) AS n", (encode_input(value),)

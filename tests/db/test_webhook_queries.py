@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from notifyq.db.queries import Queries
+from notifyq._db.queries import Queries
 from tests.db.conftest import T0
 
 Conn = psycopg.Connection[dict[str, Any]]

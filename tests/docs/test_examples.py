@@ -74,7 +74,7 @@ result = eval(code, scope)
 if inspect.iscoroutine(result):
     asyncio.run(result)
 """
-LOAD_SETTINGS = "from notifyq.settings import load_settings; load_settings()"
+LOAD_SETTINGS = "from notifyq._settings import load_settings; load_settings()"
 
 
 @dataclass

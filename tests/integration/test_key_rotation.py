@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from notifyq import App, ConfigError, InvalidTransition, RetiredKeyVersion, RotationInProgress
-from notifyq.crypto.ciphertext import Context
-from notifyq.handlers.reencrypt import Batch, ReencryptOptions, Reencryptor, StaleWriters
+from notifyq._keys.ciphertext import Context
+from notifyq._keys.reencrypt import Batch, ReencryptOptions, Reencryptor, StaleWriters
 from tests import vault
 from tests.integration.inproc import running, status_becomes
 from tests.support import eventually

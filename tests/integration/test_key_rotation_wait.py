@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from notifyq.crypto.watch import NO_WORKER_AFTER_S
+from notifyq._keys.watch import NO_WORKER_AFTER_S
 from tests import vault
 from tests.support import ROOT, Workers, scalar
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from notifyq import App, ManualClock
-from notifyq.maintenance.purger import Purger
+from notifyq._maintenance.purger import Purger
 from tests.integration.inproc import fetch, scalar
 
 pytestmark = pytest.mark.anyio

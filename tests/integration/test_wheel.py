@@ -123,7 +123,7 @@ def test_the_installed_wheel_imports_everything_and_migrates_from_outside_the_re
         installed: Installed, empty_dsn: str) -> None:
     env = clean_env(NOTIFYQ_DATABASE_URL=empty_dsn)
     _run([installed.bin("python"), "-m", "pip", "check"], cwd=installed.elsewhere, env=env)
-    located = _run([installed.bin("python"), "-c", "import notifyq.db.files as f, notifyq; "
+    located = _run([installed.bin("python"), "-c", "import notifyq._db.files as f, notifyq; "
                     "print(notifyq.__file__); print(f.sql_root())"],
                    cwd=installed.elsewhere, env=env)
     module_file, sql_dir = located.stdout.split()

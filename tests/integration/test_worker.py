@@ -21,9 +21,9 @@ from notifyq import (
     RunStatus,
     Snooze,
 )
-from notifyq.dispatch.completer import Completer
-from notifyq.dispatch.outcome import Outcome
-from notifyq.maintenance.reaper import Reaper
+from notifyq._dispatch.completer import Completer
+from notifyq._dispatch.outcome import Outcome
+from notifyq._maintenance.reaper import Reaper
 from tests.conftest import fast_settings
 from tests.integration.inproc import fetch, run_row, running, scalar, status_becomes
 from tests.support import eventually
@@ -215,7 +215,7 @@ async def test_an_unknown_job_type_fails_the_run_and_the_worker_carries_on(app: 
         row = await status_becomes(app, unknown.id, "failed")
         after = await app.enqueue("t.known", {})
         await status_becomes(app, after.id, "completed")
-    assert row["error"]["type"] == "notifyq.errors.UnknownJobType"
+    assert row["error"]["type"] == "notifyq._errors.UnknownJobType"
     assert "no handler registered for job type 't.unknown'" in row["error"]["message"]
 
 

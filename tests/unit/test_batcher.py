@@ -7,7 +7,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from notifyq.db.batcher import Batcher
+from notifyq._db.batcher import Batcher
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from notifyq import EnqueueRequest, InvalidEnqueue, PayloadTooLarge, Run, RunStatus
-from notifyq.bulk import Batch
-from notifyq.enqueue import (
+from notifyq._enqueue.bulk import Batch
+from notifyq._enqueue.validate import (
     _COUNTER,
     coerce_requests,
     encode_input,
@@ -22,7 +22,7 @@ from notifyq.enqueue import (
     new_run_ids,
     prepare,
 )
-from notifyq.run import runs_from_columns
+from notifyq._run import runs_from_columns
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, 6789, tzinfo=UTC)
 

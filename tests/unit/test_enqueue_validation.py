@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from notifyq import EnqueueRequest, InvalidEnqueue, PayloadTooLarge
-from notifyq.enqueue import coerce_requests, encode_input, parse_input, prepare
+from notifyq._enqueue.validate import coerce_requests, encode_input, parse_input, prepare
 
 
 def request(**kwargs: Any) -> EnqueueRequest:

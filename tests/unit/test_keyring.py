@@ -17,9 +17,9 @@ from notifyq import (
     RetiredKeyVersion,
     UnknownKeyVersion,
 )
-from notifyq.crypto.ciphertext import OVERHEAD, Context, version_of
-from notifyq.crypto.keyring import configured_keys, parse_keys
-from notifyq.settings import load_settings
+from notifyq._keys.ciphertext import OVERHEAD, Context, version_of
+from notifyq._keys.keyring import configured_keys, parse_keys
+from notifyq._settings import load_settings
 
 K1 = os.urandom(32)
 K2 = os.urandom(32)

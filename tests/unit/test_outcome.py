@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from notifyq import Permanent, RetryPolicy, RunStatus, Snooze
-from notifyq.dispatch.outcome import (
+from notifyq._dispatch.outcome import (
     Canceled,
     Outcome,
     Raised,
@@ -19,7 +19,7 @@ from notifyq.dispatch.outcome import (
     TimedOut,
     decide,
 )
-from notifyq.run import RunInfo
+from notifyq._run import RunInfo
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 NO_JITTER = RetryPolicy(attempts=5, backoff="exponential", base_s=2, max_s=100, jitter=0)

@@ -1,4 +1,4 @@
-"""The arithmetic and drawing of ``notifyq keys rotate --wait`` (notifyq.crypto.watch)."""
+"""The arithmetic and drawing of ``notifyq keys rotate --wait`` (notifyq._keys.watch)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from notifyq.crypto.watch import (
+from notifyq._keys.watch import (
     BarReport,
     LineReport,
     Poll,
@@ -19,7 +19,7 @@ from notifyq.crypto.watch import (
     measure,
     totals_of,
 )
-from notifyq.run import RunStatus
+from notifyq._run import RunStatus
 
 RUNNING = RunStatus.RUNNING
 

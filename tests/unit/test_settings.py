@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from notifyq import ConfigError
-from notifyq.settings import load_settings
+from notifyq._settings import load_settings
 
 
 @pytest.fixture(autouse=True)

@@ -10,11 +10,11 @@ import pytest
 
 import notifyq
 from notifyq import App, ConfigError, JobContext, RetryPolicy
-from notifyq.db.files import sql_root
-from notifyq.db.queries import queries_for
-from notifyq.maintenance.scheduler import EPOCH, tick_at
-from notifyq.registry import PeriodicSpec
-from notifyq.settings import Settings
+from notifyq._db.files import sql_root
+from notifyq._db.queries import queries_for
+from notifyq._maintenance.scheduler import EPOCH, tick_at
+from notifyq._registry import PeriodicSpec
+from notifyq._settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

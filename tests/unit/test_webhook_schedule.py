@@ -8,9 +8,9 @@ from email.utils import format_datetime
 
 import pytest
 
-from notifyq.settings import WebhookSettings
-from notifyq.webhooks.client import AttemptResult
-from notifyq.webhooks.schedule import decide, parse_retry_after
+from notifyq._settings import WebhookSettings
+from notifyq._webhooks.client import AttemptResult
+from notifyq._webhooks.schedule import decide, parse_retry_after
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 DEFAULT = WebhookSettings()

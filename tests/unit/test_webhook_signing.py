@@ -8,7 +8,7 @@ import time
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from notifyq.webhooks.signing import generate_secret, secret_key, sign, signature_header
+from notifyq._webhooks.signing import generate_secret, secret_key, sign, signature_header
 
 BODY = b'{"id": 42, "name": "caf\xc3\xa9"}'
 

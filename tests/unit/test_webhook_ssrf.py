@@ -10,11 +10,11 @@ import anyio
 import httpx
 import pytest
 
-from notifyq.errors import InvalidEndpoint
-from notifyq.settings import WebhookSettings
-from notifyq.webhooks.endpoints import check_headers, check_url
-from notifyq.webhooks.ssrf import BlockedAddress, Guard, Resolver, literal_address
-from notifyq.webhooks.transport import GuardedTransport
+from notifyq._errors import InvalidEndpoint
+from notifyq._settings import WebhookSettings
+from notifyq._webhooks.endpoints import check_headers, check_url
+from notifyq._webhooks.ssrf import BlockedAddress, Guard, Resolver, literal_address
+from notifyq._webhooks.transport import GuardedTransport
 
 BLOCKED = [
     "0.0.0.0",  # noqa: S104 - a table of refused addresses
@@ -196,11 +196,11 @@ def test_the_connection_goes_to_the_checked_address_not_a_second_resolution() ->
 
 def test_allowed_networks_are_read_from_the_environment_form(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from notifyq.settings import load_settings
+    from notifyq._settings import load_settings
 
     monkeypatch.setenv("NOTIFYQ_WEBHOOKS__ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")
     assert load_settings().webhooks.allowed_networks == ["127.0.0.0/8", "::1/128"]
     monkeypatch.setenv("NOTIFYQ_WEBHOOKS__ALLOWED_NETWORKS", "127.0.0.0/8,nope")
-    from notifyq.errors import ConfigError
+    from notifyq._errors import ConfigError
     with pytest.raises(ConfigError, match="not a CIDR"):
         load_settings()

@@ -10,7 +10,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from notifyq import App
-from notifyq.settings import Settings
+from notifyq._settings import Settings
 from tests import vault
 from tests.conftest import fast_settings
 from tests.receiver import Received, Receiver

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from notifyq import App
-from notifyq.api.app import ServiceState, create_api
+from notifyq._api.app import ServiceState, create_api
 from tests import vault
 from tests.integration.inproc import running
 from tests.receiver import Receiver

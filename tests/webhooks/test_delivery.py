@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from notifyq import App
-from notifyq.clock import ManualClock
-from notifyq.errors import InvalidEndpoint, Permanent, Snooze
+from notifyq._clock import ManualClock
+from notifyq._errors import InvalidEndpoint, Permanent, Snooze
 from tests.integration.inproc import fetch, scalar
 from tests.receiver import Listener, Receiver, Reply
 from tests.webhooks.conftest import verify, webhook_settings
@@ -66,7 +66,7 @@ async def test_a_tampered_body_or_a_wrong_secret_does_not_verify(
         wapp: App, receiver: Receiver) -> None:
     from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-    from notifyq.webhooks.signing import generate_secret
+    from notifyq._webhooks.signing import generate_secret
 
     ep, msg = await _one(wapp, receiver)
     await wapp.deliverer.deliver(msg, ep.id)
@@ -339,7 +339,7 @@ async def test_a_rotated_secret_signs_alongside_the_old_one_during_the_grace_per
 
 async def test_secrets_are_stored_encrypted_and_shown_only_at_creation(
         wapp: App, sql: psycopg.Connection[Any], receiver: Receiver) -> None:
-    from notifyq.webhooks.signing import generate_secret
+    from notifyq._webhooks.signing import generate_secret
 
     given = generate_secret(48)
     ep = await wapp.webhooks.create_endpoint(receiver.url(), secret=given)

@@ -19,8 +19,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from notifyq import App
-from notifyq.errors import Snooze
-from notifyq.webhooks.ssrf import ResolutionFailed
+from notifyq._errors import Snooze
+from notifyq._webhooks.ssrf import ResolutionFailed
 from tests.receiver import Receiver
 from tests.webhooks.conftest import webhook_settings
 

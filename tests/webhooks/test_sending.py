@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from notifyq import App
-from notifyq.errors import InvalidEnqueue
+from notifyq._errors import InvalidEnqueue
 from tests import vault
 from tests.integration.inproc import fetch, running, status_becomes
 from tests.receiver import Receiver, Reply

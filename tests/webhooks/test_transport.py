@@ -12,8 +12,8 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from notifyq.webhooks.ssrf import Guard
-from notifyq.webhooks.transport import GuardedTransport
+from notifyq._webhooks.ssrf import Guard
+from notifyq._webhooks.transport import GuardedTransport
 
 pytestmark = pytest.mark.anyio
 

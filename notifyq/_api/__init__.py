@@ -1,0 +1,1 @@
+"""The admin API: the ASGI application and the job routes."""

@@ -1,0 +1,186 @@
+"""The ``/v1`` routes: jobs (enqueue, batch, get with steps and children, list, cancel, retry)
+and stats. Each is a thin call into :class:`notifyq.App`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Body, Depends, Path, Query
+from fastapi.responses import JSONResponse
+
+from notifyq._api import schemas
+from notifyq._app import App
+from notifyq._enqueue.validate import JOB_TYPE, POOL, EnqueueRequest
+from notifyq._errors import ConfigError, InvalidEnqueue, PayloadTooLarge
+from notifyq._http.auth import Authenticator
+from notifyq._http.gate import SchemaGate
+from notifyq._http.problems import MEDIA_TYPE, problem
+from notifyq._run import Run, RunStatus
+
+DETAIL_LIMIT = 1000  # most steps / children shown with a job
+
+
+def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": schemas.Problem, "content": {MEDIA_TYPE: {}}} for code in codes}
+
+
+AUTH = (401, 403)
+AllowUnknownType = Annotated[bool | None, Query(description=(
+    "enqueue even if no worker has registered the job type (default: the server's "
+    "enqueue.allow_unknown_types); otherwise such a type is refused with 422"))]
+
+
+def _run(run: Run) -> dict[str, Any]:
+    return run.to_json()
+
+
+def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRouter:
+    schema = Depends(SchemaGate(app))  # after the token check: strangers learn nothing
+    read = [Depends(auth.require("read")), schema]
+    admin = [Depends(auth.require("admin")), schema]
+    router = APIRouter(prefix="/v1")
+
+    @router.post("/jobs", dependencies=admin, status_code=201, response_model=schemas.RunOut,
+                 responses={200: {"model": schemas.RunOut,
+                                  "description": "a run with this dedupe_key exists"},
+                            **_problems(400, 409, 413, 422, *AUTH)},
+                 summary="Enqueue a run")
+    async def enqueue(body: schemas.EnqueueIn,
+                      allow_unknown_type: AllowUnknownType = None) -> JSONResponse:
+        run, new = await app.enqueue_request(EnqueueRequest(
+            job_type=body.job_type, input=body.input, run_at=body.run_at,
+            priority=body.priority, pool=body.pool, max_attempts=body.max_attempts,
+            dedupe_key=body.dedupe_key, tags=body.tags, tenant_id=body.tenant_id),
+            allow_unknown_type=allow_unknown_type)
+        if new:
+            metrics_enqueued.labels(run.job_type).inc()
+        return JSONResponse(_run(run), status_code=201 if new else 200)
+
+    @router.post("/jobs/batch", dependencies=admin, status_code=201,
+                 response_model=schemas.BatchOut, responses=_problems(400, 413, 422, *AUTH),
+                 summary="Enqueue many runs in one transaction")
+    async def enqueue_batch(body: schemas.BatchIn,
+                            allow_unknown_type: AllowUnknownType = None) -> dict[str, Any]:
+        runs = await app.enqueue_many([job.model_dump() for job in body.jobs],
+                                      allow_unknown_type=allow_unknown_type)
+        for run in runs:
+            metrics_enqueued.labels(run.job_type).inc()
+        return {"items": [_run(r) for r in runs]}
+
+    @router.get("/jobs/{id}", dependencies=read, response_model=schemas.RunDetail,
+                responses=_problems(404, 422, *AUTH), summary="A run with its steps and children")
+    async def get_job(id: UUID) -> dict[str, Any]:
+        db = await app.pool()
+        async with db.connection() as conn:
+            detail = await app.runs.detail(conn, id, limit=DETAIL_LIMIT)
+        return {**_run(detail.run), "steps": detail.steps,
+                "children": [_run(c) for c in detail.children]}
+
+    @router.get("/jobs", dependencies=read, response_model=schemas.RunPage,
+                responses=_problems(422, *AUTH), summary="Runs, newest first")
+    async def list_jobs(  # noqa: PLR0917 - one parameter per query filter
+        status: RunStatus | None = None,
+        type: Annotated[str | None, Query(pattern=JOB_TYPE.pattern)] = None,
+        pool: Annotated[str | None, Query(pattern=POOL.pattern)] = None,
+        tag: Annotated[str | None, Query(min_length=1, max_length=128,
+                                         pattern=r"^[^\x00]+$")] = None,
+        scope: Annotated[str | None, Query(min_length=1, max_length=512,
+                                           pattern=r"^[^\x00]+$")] = None,
+        scope_id: Annotated[str | None, Query(min_length=1, max_length=512,
+                                              pattern=r"^[^\x00]+$")] = None,
+        tenant: Annotated[str | None, Query(min_length=1, max_length=512,
+                                            pattern=r"^[^\x00]+$")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        cursor: Annotated[UUID | None, Query(description="next_cursor of the previous page")
+                          ] = None,
+    ) -> dict[str, Any]:
+        runs = await app.list_runs(status=status.value if status else None, job_type=type,
+                                   pool=pool, tag=tag, scope_entity_type=scope,
+                                   scope_entity_id=scope_id, tenant_id=tenant, limit=limit,
+                                   before=cursor)
+        return {"items": [_run(r) for r in runs],
+                "next_cursor": str(runs[-1].id) if len(runs) == limit else None}
+
+    @router.post("/jobs/{id}/cancel", dependencies=admin, response_model=schemas.RunOut,
+                 responses=_problems(404, 409, 422, *AUTH),
+                 summary="Cancel a pending or waiting run; ask a running one to stop")
+    async def cancel(id: UUID) -> dict[str, Any]:
+        return _run(await app.cancel(id))
+
+    @router.post("/jobs/{id}/retry", dependencies=admin, response_model=schemas.RunOut,
+                 responses=_problems(404, 409, 422, *AUTH),
+                 summary="Put a failed, canceled or timed-out run back in line")
+    async def retry(id: UUID) -> dict[str, Any]:
+        return _run(await app.retry(id))
+
+    @router.get("/stats", dependencies=read, response_model=schemas.StatsOut,
+                responses=_problems(*AUTH), summary="Counts by type, pool and status")
+    async def stats() -> dict[str, Any]:
+        return (await app.stats()).to_json()
+
+    _add_signals(router, app, admin)
+    _add_keys(router, app, read, admin)
+    from notifyq._webhooks.routes import add_webhook_routes
+    add_webhook_routes(router, app, read, admin)
+    return router
+
+
+def _add_signals(router: APIRouter, app: App, admin: list[Any]) -> None:
+    """``POST /v1/signals/{token}`` when the App has durable runs' ``signal`` (it does once
+    migration 0002 ships)."""
+    signal = getattr(app, "signal", None)
+    if signal is None:
+        return
+
+    @router.post("/signals/{token}", dependencies=admin, status_code=202,
+                 response_model=schemas.SignalOut, responses=_problems(400, 413, 422, *AUTH),
+                 summary="Signal the run waiting on a token (queued for the next wait if none)")
+    async def send_signal(
+        token: Annotated[str, Path(min_length=1, max_length=512, pattern=r"^[^\x00]+$")],
+        payload: Annotated[Any, Body(description="any JSON value; {} when absent")] = None,
+    ) -> Any:
+        try:
+            woken = await signal(token, payload)
+        except InvalidEnqueue as exc:
+            status = 413 if isinstance(exc, PayloadTooLarge) else 422
+            return problem(status, f"payload: {exc}", field="payload")
+        return {"token": token, "woken": woken}
+
+
+def _add_keys(router: APIRouter, app: App, read: list[Any], admin: list[Any]) -> None:
+    """Key status, rotation and retirement when the App has key administration
+    (``app.keys``, see notifyq/crypto/admin.py)."""
+    keys = getattr(app, "keys", None)
+    if keys is None:
+        return
+
+    @router.get("/keys", dependencies=read, responses=_problems(409, *AUTH),
+                summary="Key versions, rows per version and the latest rotation")
+    async def key_status() -> Any:
+        async with (await app.pool()).connection() as conn:
+            try:
+                return await keys.status(conn)
+            except ConfigError as exc:
+                return problem(409, str(exc), field="keys")
+
+    @router.post("/admin/rotate-key", dependencies=admin, status_code=202,
+                 response_model=schemas.RotationOut, responses=_problems(409, *AUTH),
+                 summary="Re-encrypt to the active key version (idempotent)")
+    async def rotate_key() -> Any:
+        async with (await app.pool()).connection() as conn:
+            try:
+                run, created = await keys.rotate(conn)
+            except ConfigError as exc:
+                return problem(409, str(exc), field="keys")
+        return {"run_id": str(run.id), "created": created, "run": _run(run)}
+
+    @router.post("/admin/keys/{version}/retire", dependencies=admin,
+                 responses=_problems(409, 422, *AUTH),
+                 summary="Retire a key version no row uses any more")
+    async def retire_key(version: Annotated[int, Path(ge=1, le=2_147_483_647)]) -> Any:
+        async with (await app.pool()).connection() as conn:
+            try:
+                return await keys.retire(conn, version)
+            except ConfigError as exc:
+                return problem(409, str(exc), field="version")

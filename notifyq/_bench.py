@@ -1,0 +1,535 @@
+"""``notifyq bench``: what notifyq does on this machine, next to what PostgreSQL alone does.
+
+A benchmark, not a test: it creates its own scratch database (dropped and recreated; named
+``notifyq_bench`` unless told otherwise, and the name must start with that so a typo cannot
+drop a real database), migrates it, measures, prints a table (or JSON) and drops the database.
+
+Sections (``--only`` picks some):
+
+- ``enqueue``: ``App.enqueue`` with 1 and 8 concurrent enqueuers, and in the same run the two
+  PostgreSQL baselines the wake-up design is judged by: 8 connections doing plain single-row
+  INSERTs, and 8 doing INSERT + NOTIFY per transaction (every such commit takes PostgreSQL's
+  database-wide notify lock).
+- ``bulk``: ``App.enqueue_many`` in batches of 1,000.
+- ``drain``: pre-enqueued no-op runs drained by one in-process burst worker, at concurrency 10
+  and at the best of a few higher settings; afterwards SQL must show every run completed with
+  ``attempts = 1`` (exactly once), or the bench fails.
+- ``latency``: an idle worker; runs enqueued 20-50 ms apart; latency = handler start minus the
+  moment ``await app.enqueue(...)`` returned (so it leaves out the NOTIFY round trip after the
+  commit: it can only flatter notifyq by that much). Both clocks are this process's
+  ``perf_counter``.
+- ``sql``: the worker's own claim and write-back statements in a bare loop of 100-row batches,
+  with no handler machinery: the ceiling the drain could reach on this machine.
+
+Honesty rules: a warm-up before every measurement, excluded; the table is emptied (TRUNCATE)
+before each; cheap measurements are repeated and the median reported.
+
+The baselines' scratch table and the verification queries are the only SQL strings in
+``notifyq/`` outside ``db/queries``: they measure PostgreSQL itself, not a notifyq query.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from importlib import metadata
+from typing import Any, LiteralString
+from uuid import UUID
+
+import anyio
+import psycopg
+from psycopg import sql
+
+from notifyq._app import App
+from notifyq._context import JobContext
+from notifyq._durable.policies import ConcurrencyPolicy
+from notifyq._enqueue.validate import EnqueueRequest
+from notifyq._errors import NotifyqError
+from notifyq._settings import load_settings
+
+SECTIONS = ("enqueue", "bulk", "drain", "latency", "sql", "durable")
+DEFAULT_DATABASE = "notifyq_bench"
+DEFAULT_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+JOB_TYPE = "bench.noop"
+STEPS_TYPE = "bench.steps"
+KEYED_TYPE = "bench.keyed"
+
+_BASELINE_DDL: LiteralString = """
+CREATE TABLE IF NOT EXISTS bench_plain (
+    id bigserial PRIMARY KEY,
+    input jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+)"""
+_BASELINE_INSERT: LiteralString = "INSERT INTO bench_plain (input) VALUES (%s::jsonb)"
+_BASELINE_INSERT_NOTIFY: LiteralString = """
+WITH i AS (INSERT INTO bench_plain (input) VALUES (%s::jsonb) RETURNING id)
+SELECT pg_notify('notifyq_bench', 'j:default') FROM i"""
+_RESET: LiteralString = "TRUNCATE {schema}.job_run CASCADE; TRUNCATE bench_plain"
+_VERIFY: LiteralString = """
+SELECT count(*) AS total,
+       count(*) FILTER (WHERE status = 'completed' AND attempts = 1) AS once
+FROM {schema}.job_run"""
+
+
+class BenchError(NotifyqError):
+    """The benchmark could not run, or a drain did not complete every run exactly once."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    enqueue_n: int = 3000
+    bulk_n: int = 50_000
+    bulk_batch: int = 1000
+    drain_n: int = 20_000
+    drain_base: int = 10
+    drain_tries: tuple[int, ...] = (50, 100, 200)
+    latency_n: int = 200
+    sql_n: int = 50_000
+    sql_batch: int = 100
+    sql_connections: tuple[int, ...] = (1, 4)
+    durable_n: int = 1000
+    durable_steps: int = 10
+    keyed_queued: int = 10_000
+    keyed_claims: int = 50
+    repeats: int = 3
+
+
+QUICK = Sizes(enqueue_n=200, bulk_n=3000, drain_n=1000, drain_tries=(50,), latency_n=15,
+              sql_n=2000, sql_connections=(1, 2), durable_n=50, durable_steps=3,
+              keyed_queued=300, keyed_claims=5, repeats=1)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dsn", help="server/admin DSN used to create the scratch database "
+                        "(default: NOTIFYQ_DATABASE_URL, else " + DEFAULT_ADMIN_DSN + ")")
+    parser.add_argument("--database", default=DEFAULT_DATABASE,
+                        help=f"scratch database, dropped and recreated (default {DEFAULT_DATABASE};"
+                        f" must start with {DEFAULT_DATABASE})")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    parser.add_argument("--only", action="append", choices=SECTIONS, metavar="NAME",
+                        help="run only this section (repeatable): " + ", ".join(SECTIONS))
+    parser.add_argument("--repeats", type=int, help="repeats of the cheap measurements "
+                        "(median reported; default 3, 1 with --quick)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch database")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    if not args.database.startswith(DEFAULT_DATABASE):
+        raise BenchError(f"--database {args.database!r} must start with {DEFAULT_DATABASE!r} "
+                         "(the bench drops and recreates it)")
+    sizes = QUICK if args.quick else Sizes()
+    if args.repeats is not None:
+        if args.repeats < 1:
+            raise BenchError(f"--repeats must be at least 1, got {args.repeats}")
+        sizes = replace(sizes, repeats=args.repeats)
+    admin = args.dsn or os.environ.get("NOTIFYQ_DATABASE_URL") or DEFAULT_ADMIN_DSN
+    sections = [s for s in SECTIONS if not args.only or s in args.only]
+    logging.getLogger("notifyq").setLevel(logging.WARNING)  # the worker's start/stop lines
+    report = anyio.run(_run, admin, args.database, sizes, sections, args.keep)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render(report))
+    return 0
+
+
+async def _run(admin: str, database: str, sizes: Sizes, sections: list[str],
+               keep: bool) -> dict[str, Any]:
+    dsn = _recreate(admin, database)
+    try:
+        bench = Bench(dsn, sizes)
+        async with bench.app:
+            await bench.setup()
+            report: dict[str, Any] = {"meta": await bench.meta(database),
+                                      "sizes": asdict(sizes)}
+            for name in sections:
+                report[name] = await getattr(bench, name)()
+        return report
+    finally:
+        if not keep:
+            _drop(admin, database)
+
+
+def _recreate(admin: str, database: str) -> str:
+    _drop(admin, database)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    return psycopg.conninfo.make_conninfo(admin, dbname=database)
+
+
+def _drop(admin: str, database: str) -> None:
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(database)))
+
+
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 1)
+
+
+class Bench:
+    """One measurement per method; each returns a JSON-ready dict of numbers."""
+
+    def __init__(self, dsn: str, sizes: Sizes) -> None:
+        self.dsn = dsn
+        self.sizes = sizes
+        self.app = App(settings=load_settings(database_url=dsn, pool_max_size=16))
+        self.executed = 0
+        self.started: dict[UUID, float] = {}
+        self._timing = False
+        self._progress = anyio.Event()
+
+        @self.app.handler(STEPS_TYPE)
+        async def steps(ctx: JobContext) -> None:
+            for i in range(int(ctx.input["steps"])):
+                await ctx.step(f"s{i}", lambda: None)
+
+        @self.app.handler(KEYED_TYPE, concurrency=ConcurrencyPolicy(key="{k}"))
+        async def keyed(ctx: JobContext) -> None:
+            return None
+
+        @self.app.handler(JOB_TYPE)
+        async def noop(ctx: JobContext) -> None:
+            self.executed += 1
+            if self._timing:
+                self.started[ctx.run.id] = time.perf_counter()
+                self._progress.set()
+
+    async def setup(self) -> None:
+        await self.app.migrate()
+        async with (await self.app.pool()).connection() as conn:
+            await conn.execute(_BASELINE_DDL)
+
+    async def meta(self, database: str) -> dict[str, Any]:
+        async with (await self.app.pool()).connection() as conn:
+            row = await (await conn.execute("SHOW server_version")).fetchone()
+        try:
+            version = metadata.version("notifyq")
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        return {"notifyq": version, "postgresql": row["server_version"] if row else "?",
+                "python": platform.python_version(), "cpus": os.cpu_count(),
+                "platform": platform.platform(terse=True), "database": database}
+
+    async def reset(self) -> None:
+        async with (await self.app.pool()).connection() as conn:
+            await conn.execute(self._sql(_RESET))
+
+    def _sql(self, text: LiteralString) -> sql.Composed:
+        return sql.SQL(text).format(schema=sql.Identifier(self.app.settings.schema_name))
+
+    async def _repeat(self, measure: Callable[[], Awaitable[float]]) -> float:
+        """Median of ``repeats`` measurements, each on an emptied table."""
+        results = []
+        for _ in range(self.sizes.repeats):
+            await self.reset()
+            results.append(await measure())
+        return _median(results)
+
+    # -- (6) durable runs: the cost of a memoized step, and of skipping busy concurrency keys --
+
+    async def durable(self) -> dict[str, Any]:
+        n, k = self.sizes.durable_n, self.sizes.durable_steps
+        plain = await self._repeat(lambda: self._drain_steps(n, 0))
+        stepped = await self._repeat(lambda: self._drain_steps(n, k))
+        per_step_us = (1 / stepped - 1 / plain) / k * 1e6
+        return {"n": n, "steps_per_run": k, "runs_per_s_no_steps": plain,
+                "runs_per_s_with_steps": stepped, "us_per_step": round(per_step_us, 1),
+                **await self._keyed_skip_rate()}
+
+    async def _drain_steps(self, n: int, steps: int) -> float:
+        await self.app.enqueue_many([{"job_type": STEPS_TYPE, "input": {"steps": steps}}
+                                     for _ in range(n)])
+        started = time.perf_counter()
+        await self.app.run_worker(concurrency=10, burst=True)
+        return n / (time.perf_counter() - started)
+
+    async def _keyed_skip_rate(self) -> dict[str, Any]:
+        """One key at its limit (a run holds it) and `keyed_queued` runs queued behind it: each
+        keyed claim must look past all of them and claim nothing."""
+        await self.reset()
+        queued, claims = self.sizes.keyed_queued, self.sizes.keyed_claims
+        await self.app.enqueue_many([{"job_type": KEYED_TYPE, "input": {"k": "hot"},
+                                      "concurrency_key": "hot"} for _ in range(queued + 1)])
+        q = self.app.queries
+        params = {"now": None, "pool": "default", "limit": 10, "worker_id": "bench",
+                  "lease_s": 60.0}
+        async with (await self.app.pool()).connection() as conn:
+            params["limit"] = 1
+            held = await (await conn.execute(q.job_run_claim_keyed, params)).fetchall()
+            params["limit"] = 10
+            started = time.perf_counter()
+            for _ in range(claims):
+                if await (await conn.execute(q.job_run_claim_keyed, params)).fetchall():
+                    raise BenchError("a keyed claim took a run past its concurrency limit")
+            elapsed = time.perf_counter() - started
+        return {"keyed_queued": queued, "keyed_held": len(held),
+                "keyed_claims_per_s": round(claims / elapsed, 1),
+                "keyed_skipped_per_s": round(claims * queued / elapsed)}
+
+    # -- (1) single enqueue, with the PostgreSQL baselines ---------------------------------
+
+    async def enqueue(self) -> dict[str, Any]:
+        n = self.sizes.enqueue_n
+        return {
+            "n": n,
+            "notifyq_1": await self._repeat(lambda: self._enqueue_rate(n, 1)),
+            "notifyq_8": await self._repeat(lambda: self._enqueue_rate(n, 8)),
+            "plain_insert_8": await self._repeat(lambda: self._baseline_rate(
+                n, 8, _BASELINE_INSERT)),
+            "insert_notify_8": await self._repeat(lambda: self._baseline_rate(
+                n, 8, _BASELINE_INSERT_NOTIFY)),
+        }
+
+    async def _enqueue_rate(self, n: int, concurrency: int) -> float:
+        async def enqueuer(count: int) -> None:
+            for i in range(count):
+                await self.app.enqueue(JOB_TYPE, {"i": i})
+
+        await _concurrently(enqueuer, concurrency, max(20, n // 20))  # warm-up
+        return await _rate(n, lambda: _concurrently(enqueuer, concurrency, n // concurrency))
+
+    async def _baseline_rate(self, n: int, concurrency: int, statement: LiteralString) -> float:
+        conns = [await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                 for _ in range(concurrency)]
+        try:
+            async def inserter(count: int, conn: psycopg.AsyncConnection[Any]) -> None:
+                for i in range(count):
+                    await conn.execute(statement, (json.dumps({"i": i}),))
+
+            async def all_of(count: int) -> None:
+                async with anyio.create_task_group() as tg:
+                    for conn in conns:
+                        tg.start_soon(inserter, count, conn)
+
+            await all_of(max(20, n // 20) // concurrency)  # warm-up (and statement preparing)
+            return await _rate(n, lambda: all_of(n // concurrency))
+        finally:
+            for conn in conns:
+                await conn.close()
+
+    # -- (2) bulk enqueue ------------------------------------------------------------------
+
+    async def bulk(self) -> dict[str, Any]:
+        n, size = self.sizes.bulk_n, self.sizes.bulk_batch
+        batches = [[EnqueueRequest(job_type=JOB_TYPE, input={"i": i})
+                    for i in range(start, min(start + size, n))] for start in range(0, n, size)]
+
+        async def measure() -> float:
+            await self.app.enqueue_many(batches[0])  # warm-up
+            await self.reset()
+
+            async def go() -> None:
+                for batch in batches:
+                    await self.app.enqueue_many(batch)
+            return await _rate(n, go)
+
+        return {"n": n, "batch": size, "jobs_per_s": await self._repeat(measure)}
+
+    # -- (3) drain -------------------------------------------------------------------------
+
+    async def drain(self) -> dict[str, Any]:
+        await self.reset()
+        await self._drain_once(max(200, self.sizes.drain_n // 20), self.sizes.drain_base)
+        rates = {c: await self._drain_once(self.sizes.drain_n, c)
+                 for c in (self.sizes.drain_base, *self.sizes.drain_tries)}
+        best = max(self.sizes.drain_tries, key=lambda c: rates[c])
+        return {"n": self.sizes.drain_n, "verified_exactly_once": True,
+                f"concurrency_{self.sizes.drain_base}": rates[self.sizes.drain_base],
+                "best": {"concurrency": best, "jobs_per_s": rates[best]},
+                "by_concurrency": {str(c): r for c, r in rates.items()}}
+
+    async def _drain_once(self, n: int, concurrency: int) -> float:
+        """Enqueue ``n`` runs (untimed), drain them with a burst worker (timed), verify."""
+        await self.reset()
+        await self._enqueue_untimed(n)
+        self.executed = 0
+        rate = await _rate(n, lambda: self.app.run_worker(concurrency=concurrency, burst=True))
+        await self._verify(n)
+        return round(rate, 1)
+
+    async def _verify(self, n: int) -> None:
+        async with (await self.app.pool()).connection() as conn:
+            row = await (await conn.execute(self._sql(_VERIFY))).fetchone()
+        assert row is not None  # noqa: S101 - an aggregate always returns a row
+        if row["total"] != n or row["once"] != n or self.executed != n:
+            raise BenchError(
+                f"drain did not run every run exactly once: {row['total']} rows, "
+                f"{row['once']} completed with attempts = 1, {self.executed} handler calls; "
+                f"expected {n} of each")
+
+    # -- (4) wake latency ------------------------------------------------------------------
+
+    async def latency(self) -> dict[str, Any]:
+        await self.reset()
+        self.started = {}
+        self._timing = True
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(self.app.run_worker, concurrency=10))
+                for _ in range(5):  # warm-up: also proves the worker is up and listening
+                    run = await self.app.enqueue(JOB_TYPE, {})
+                    await self._wait_started({run.id})
+                samples = await self._latency_samples()
+                tg.cancel_scope.cancel()
+        finally:
+            self._timing = False
+        samples.sort()
+        cuts = statistics.quantiles(samples, n=100, method="inclusive")
+        return {"n": len(samples), "p50_ms": round(cuts[49], 2), "p95_ms": round(cuts[94], 2),
+                "p99_ms": round(cuts[98], 2), "max_ms": round(samples[-1], 2)}
+
+    async def _latency_samples(self) -> list[float]:
+        committed: dict[UUID, float] = {}
+        rng = random.Random(7)  # noqa: S311 - spacing, not security
+        for _ in range(self.sizes.latency_n):
+            await anyio.sleep(rng.uniform(0.020, 0.050))
+            run = await self.app.enqueue(JOB_TYPE, {})
+            committed[run.id] = time.perf_counter()
+        await self._wait_started(set(committed))
+        return [(self.started[k] - t) * 1000 for k, t in committed.items()]
+
+    async def _wait_started(self, ids: set[UUID]) -> None:
+        with anyio.fail_after(30):
+            while not ids <= self.started.keys():
+                self._progress = anyio.Event()
+                await self._progress.wait()
+
+    # -- (5) the SQL ceiling ---------------------------------------------------------------
+
+    async def sql(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"n": self.sizes.sql_n, "batch": self.sizes.sql_batch}
+        for conns in self.sizes.sql_connections:
+            out[f"connections_{conns}"] = await self._repeat(partial(self._sql_rate, conns))
+        return out
+
+    async def _sql_rate(self, connections: int) -> float:
+        n = self.sizes.sql_n
+        await self._enqueue_untimed(max(200, n // 20))
+        await self._claim_complete(connections)  # warm-up
+        await self.reset()
+        await self._enqueue_untimed(n)
+        rate = await _rate(n, lambda: self._claim_complete(connections))
+        self.executed = n  # no handler here: _verify checks the rows only
+        await self._verify(n)
+        return rate
+
+    async def _enqueue_untimed(self, n: int) -> None:
+        for start in range(0, n, 1000):
+            await self.app.enqueue_many([{"job_type": JOB_TYPE, "input": {"i": i}}
+                                         for i in range(start, min(start + 1000, n))])
+
+    async def _claim_complete(self, connections: int) -> None:
+        q, db = self.app.queries, await self.app.pool()
+        claim = {"now": None, "pool": "default", "limit": self.sizes.sql_batch,
+                 "worker_id": "bench", "lease_s": 30.0}
+
+        async def loop() -> None:
+            async with db.connection() as conn:
+                while rows := await (await conn.execute(q.job_run_claim, claim)).fetchall():
+                    k = len(rows)
+                    await conn.execute(q.job_run_finish_many, {
+                        "now": None, "ids": [r["id"] for r in rows],
+                        "fences": [r["fence"] for r in rows], "statuses": ["completed"] * k,
+                        "outputs": [None] * k, "errors": [None] * k, "run_ats": [None] * k,
+                        "refunds": [0] * k, "wait_kinds": [None] * k,
+                        "wait_tokens": [None] * k, "waiting_ons": [None] * k})
+
+        async def all_loops() -> None:
+            async with anyio.create_task_group() as tg:
+                for _ in range(connections):
+                    tg.start_soon(loop)
+
+        await all_loops()
+
+
+async def _concurrently(worker: Callable[[int], Coroutine[Any, Any, None]], tasks: int,
+                        each: int) -> None:
+    async with anyio.create_task_group() as tg:
+        for _ in range(tasks):
+            tg.start_soon(worker, each)
+
+
+async def _rate(n: int, go: Callable[[], Awaitable[Any]]) -> float:
+    start = time.perf_counter()
+    await go()
+    return n / (time.perf_counter() - start)
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+def render(report: dict[str, Any]) -> str:
+    m = report["meta"]
+    s = report["sizes"]
+    lines = [f"notifyq bench: notifyq {m['notifyq']}, PostgreSQL {m['postgresql']}, Python "
+             f"{m['python']}, {m['cpus']} CPUs ({m['platform']}); medians of {s['repeats']} "
+             "where repeated, warm-up excluded", ""]
+    rows: list[tuple[str, str, str]] = []
+    if "enqueue" in report:
+        e = report["enqueue"]
+        rows += [
+            ("enqueue", f"App.enqueue, 1 enqueuer (N={e['n']})", _rate_text(e["notifyq_1"])),
+            ("", "App.enqueue, 8 enqueuers", _rate_text(e["notifyq_8"])),
+            ("", "baseline: plain INSERT, 8 connections", _rate_text(e["plain_insert_8"])),
+            ("", "baseline: INSERT+NOTIFY per tx, 8 conns",
+             _rate_text(e["insert_notify_8"])),
+        ]
+    if "bulk" in report:
+        b = report["bulk"]
+        rows.append(("bulk", f"enqueue_many, batches of {b['batch']} (N={b['n']})",
+                     _rate_text(b["jobs_per_s"])))
+    if "drain" in report:
+        d = report["drain"]
+        base = s["drain_base"]
+        rows.append(("drain", f"burst worker, concurrency {base} (N={d['n']})",
+                     _rate_text(d["by_concurrency"][str(base)])))
+        tried = "/".join(str(c) for c in s["drain_tries"])
+        rows.append(("", f"best of concurrency {tried}: {d['best']['concurrency']}",
+                     _rate_text(d["best"]["jobs_per_s"])))
+        rows.append(("", "verified in SQL: all completed, attempts = 1", "yes"))
+    if "latency" in report:
+        lat = report["latency"]
+        rows.append(("latency", f"enqueue commit -> handler start (N={lat['n']})",
+                     f"p50 {lat['p50_ms']:.1f} ms"))
+        rows += [("", "", f"p95 {lat['p95_ms']:.1f} ms"), ("", "", f"p99 {lat['p99_ms']:.1f} ms"),
+                 ("", "", f"max {lat['max_ms']:.1f} ms")]
+    if "sql" in report:
+        q = report["sql"]
+        for key in sorted(k for k in q if k.startswith("connections_")):
+            conns = key.removeprefix("connections_")
+            rows.append(("sql" if key == min(k for k in q if k.startswith("connections_"))
+                         else "", f"claim+complete loop, {q['batch']}-row batches, {conns} conn",
+                         _rate_text(q[key])))
+    if "durable" in report:
+        du = report["durable"]
+        rows += [
+            ("durable", f"drain, {du['steps_per_run']} memoized steps per run (N={du['n']})",
+             f"{du['runs_per_s_with_steps']:,.0f} runs/s"),
+            ("", "same runs without steps", f"{du['runs_per_s_no_steps']:,.0f} runs/s"),
+            ("", "overhead per memoized step", f"{du['us_per_step']:,.0f} us"),
+            ("", f"keyed claim past {du['keyed_queued']:,} queued runs of a busy key",
+             f"{du['keyed_skipped_per_s']:,} skipped/s"),
+        ]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)] if rows else [0, 0, 0]
+    lines += [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}" for a, b, c in rows]
+    return "\n".join(lines)
+
+
+def _rate_text(jobs_per_s: float) -> str:
+    return f"{jobs_per_s:,.0f} jobs/s"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("run it as: notifyq bench")

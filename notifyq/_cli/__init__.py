@@ -1,0 +1,1 @@
+"""The ``notifyq`` command line."""

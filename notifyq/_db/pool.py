@@ -1,0 +1,169 @@
+"""Connections: one autocommit pool per process, plus single connections for the listener."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from notifyq._errors import ConfigError, DatabaseUnavailable
+
+Row = dict[str, Any]
+AsyncConn = psycopg.AsyncConnection[Row]
+
+CONNECT_TIMEOUT_S = 5
+"""libpq's connect_timeout for the first connection of a process (unless the DSN sets one): a
+server that never answers is reported after this, not after the pool's 30 s."""
+
+
+def require_dsn(dsn: str | None) -> str:
+    if not dsn:
+        raise ConfigError(
+            "no database configured: set NOTIFYQ_DATABASE_URL (e.g. "
+            "postgresql://user@127.0.0.1:5432/app) or pass App(dsn=...)"
+        )
+    return dsn
+
+
+async def open_pool(
+    dsn: str, *, max_size: int, name: str = "notifyq"
+) -> AsyncConnectionPool[AsyncConn]:
+    """Open the process's pool. Connections are autocommit: each statement is a short
+    transaction unless a caller opens one explicitly with ``conn.transaction()``.
+
+    One direct connection comes first: a wrong DSN, a missing database or a server that is
+    down fails at once with the server's reason (:class:`DatabaseUnavailable`), where the
+    pool would retry for 30 s, log a warning per attempt and end with "pool initialization
+    incomplete". Once open, the pool reconnects as long as it takes (``reconnect_timeout``)."""
+    await (await connect_checked(dsn, application_name=name)).close()
+    pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+        dsn,
+        min_size=min(2, max_size),
+        max_size=max_size,
+        kwargs={"autocommit": True, "row_factory": dict_row, "application_name": name},
+        connection_class=psycopg.AsyncConnection[Row],
+        name=name,
+        open=False,
+        timeout=30.0,
+        reconnect_timeout=3600.0,
+    )
+    await pool.open(wait=True, timeout=30.0)
+    return pool
+
+
+async def connect(dsn: str, *, application_name: str = "notifyq") -> AsyncConn:
+    """A standalone autocommit connection (the listener, migrations)."""
+    return await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, row_factory=dict_row, application_name=application_name)
+
+
+async def connect_checked(dsn: str, *, application_name: str = "notifyq") -> AsyncConn:
+    """:func:`connect` for a process's first connection: bounded by :data:`CONNECT_TIMEOUT_S`,
+    and a failure is a :class:`DatabaseUnavailable` (or a :class:`ConfigError` for a DSN
+    that does not parse) whose one line says why."""
+    with explained_connect_errors(dsn):
+        return await psycopg.AsyncConnection.connect(
+            _with_timeout(dsn), autocommit=True, row_factory=dict_row,
+            application_name=application_name)
+
+
+def check_connection_sync(dsn: str) -> None:
+    """The same first connection for the synchronous pool (``App.enqueue_sync``)."""
+    with explained_connect_errors(dsn):
+        psycopg.connect(_with_timeout(dsn)).close()
+
+
+def _with_timeout(dsn: str) -> str:
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return dsn  # connect() reports the malformed DSN
+    if "connect_timeout" in params:
+        return dsn
+    return psycopg.conninfo.make_conninfo(dsn, connect_timeout=CONNECT_TIMEOUT_S)
+
+
+def _connect_timeout(dsn: str) -> object:
+    """The DSN's own connect_timeout, else ours (None for a DSN that does not parse)."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return None
+    return params.get("connect_timeout", CONNECT_TIMEOUT_S)
+
+
+@contextmanager
+def explained_connect_errors(dsn: str) -> Iterator[None]:
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(describe_connect_error(str(exc), dsn)) from None
+    except psycopg.ProgrammingError as exc:  # libpq could not parse the DSN
+        raise ConfigError(f"database_url (NOTIFYQ_DATABASE_URL) is not a valid connection "
+                          f"string or URL: {_first_line(_redact(str(exc), dsn))}") from None
+
+
+# libpq's report of one attempt: 'connection to server at "h" (addr), port 5432 failed: FATAL:
+# database "x" does not exist', optionally followed by a tab-indented hint line.
+_ATTEMPT = re.compile(
+    r'connection to server (?:at "(?P<host>[^"]*)"(?: \([^)]*\))?, port (?P<port>\d+)'
+    r'|on socket "(?P<socket>[^"]*)") failed: (?:FATAL:\s+)?(?P<cause>[^\n]*)'
+    r'(?:\n\t(?P<hint>[^\n]*))?')
+
+
+def describe_connect_error(message: str, dsn: str) -> str:
+    """One line from libpq's (possibly multi-host, multi-line) report, the password removed:
+    ``cannot connect to the database at 127.0.0.1:5432: database "x" does not exist``."""
+    text = _redact(message, dsn)
+    attempts: list[str] = []
+    hints: list[str] = []
+    for match in _ATTEMPT.finditer(text):
+        where = match["socket"] or f"{match['host']}:{match['port']}"
+        attempt = f"{where}: {match['cause'].strip()}"
+        if attempt not in attempts:
+            attempts.append(attempt)
+            hints.append(match["hint"] or "")
+    if not attempts:
+        waited = (f" (no answer within connect_timeout={_connect_timeout(dsn)}s)"
+                  if "timeout expired" in text else "")
+        return f"cannot connect to the database{_target(dsn)}: {_first_line(text)}{waited}"
+    if len(attempts) > 1:
+        return "cannot connect to the database: " + "; ".join(attempts)
+    hint = f" ({hints[0][:1].lower()}{hints[0][1:]})" if hints[0] else ""
+    return f"cannot connect to the database at {attempts[0]}{hint}"
+
+
+def _target(dsn: str) -> str:
+    """`` at host:port`` as the DSN names them (libpq's defaults when it does not)."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return ""
+    host = str(params.get("host") or params.get("hostaddr") or "the default socket")
+    return f" at {host}:{params.get('port') or 5432}"
+
+
+# Where a password sits in a URL (user:PASSWORD@) or a key/value string (password=PASSWORD).
+_PASSWORDS = (re.compile(r"://[^:/@\s]*:([^@\s]*)@"),
+              re.compile(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)"))
+
+
+def _redact(text: str, dsn: str) -> str:
+    """``text`` without the DSN's password (raw, quoted or percent-decoded), as a whole word
+    so a short password does not garble the rest."""
+    secrets = {match[1].strip("'") for pattern in _PASSWORDS for match in pattern.finditer(dsn)}
+    with suppress(psycopg.ProgrammingError):
+        secrets.add(psycopg.conninfo.conninfo_to_dict(dsn).get("password") or "")
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = re.sub(rf"(?<![\w%]){re.escape(secret)}(?![\w%])", "***", text)
+    return text
+
+
+def _first_line(text: str) -> str:
+    text = text.strip()
+    return text.splitlines()[0] if text else "unknown error"

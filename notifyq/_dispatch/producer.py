@@ -1,0 +1,146 @@
+"""Claiming: one producer per pool.
+
+A producer claims as many runs as there are free slots (one statement, ``FOR UPDATE SKIP
+LOCKED``) and keeps claiming while batches come back full. When the pool is empty it sleeps
+until the first of: a NOTIFY for its pool, the jittered poll interval, or the earliest
+scheduled ``run_at`` — so a scheduled run starts on time, not at the next poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from notifyq._clock import Clock
+from notifyq._db.pool import AsyncConn
+from notifyq._db.queries import Queries
+
+log = logging.getLogger("notifyq.producer")
+
+CLAIM_MAX = 1000
+
+
+class Slots:
+    """The worker's free handler slots, shared by its producers."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.free = size
+        self._freed = anyio.Event()
+
+    def take(self, limit: int) -> int:
+        n = min(self.free, limit)
+        self.free -= n
+        return n
+
+    def give(self, n: int) -> None:
+        if n:
+            self.free += n
+            self._freed.set()
+            self._freed = anyio.Event()
+
+    async def wait_free(self) -> None:
+        while self.free == 0:
+            await self._freed.wait()
+
+    @property
+    def busy(self) -> int:
+        return self.size - self.free
+
+
+class Producer:
+    def __init__(self, pool_name: str, *, db: AsyncConnectionPool[AsyncConn], queries: Queries,
+                 clock: Clock, slots: Slots, worker_id: str, lease_s: float,
+                 poll_interval_s: float, start: Callable[[dict[str, Any]], None],
+                 burst: bool = False) -> None:
+        self.pool_name = pool_name
+        self._db = db
+        self._q = queries
+        self._clock = clock
+        self._slots = slots
+        self._worker_id = worker_id
+        self._lease_s = lease_s
+        self._poll_interval_s = poll_interval_s
+        self._start = start
+        self._burst = burst
+        self._wake = anyio.Event()
+        self.keyed = False
+        """Also claim runs with a concurrency key (set when a handler of this pool has a
+        ConcurrencyPolicy): they are left out of the plain claim."""
+        self.claimed = 0
+        self.claims = 0
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        backoff = 0.05
+        while True:
+            await self._slots.wait_free()
+            self._wake = anyio.Event()  # before claiming: a NOTIFY from now on is not lost
+            want = self._slots.take(CLAIM_MAX)
+            try:
+                rows = await self._claim(want)
+            except psycopg.OperationalError as exc:
+                self._slots.give(want)
+                log.warning("claim failed (%s); retrying in %.2f s", type(exc).__name__, backoff)
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.05
+            self._slots.give(want - len(rows))
+            for row in rows:
+                self._start(row)
+            if rows:
+                # Let the handlers start before this producer's next statement (the delay
+                # query of _idle) is sent: claim -> handler start at idle, p50 0.39 -> 0.23 ms.
+                await anyio.lowlevel.checkpoint()
+            if len(rows) == want:
+                continue  # the batch was full: there may be more
+            if self._burst:
+                if not rows and self._slots.busy == 0:
+                    return
+                with anyio.move_on_after(0.05):
+                    await self._wake.wait()
+                continue
+            await self._idle()
+
+    async def _claim(self, limit: int) -> list[dict[str, Any]]:
+        params = {"now": self._clock.db_now(), "pool": self.pool_name, "limit": limit,
+                  "worker_id": self._worker_id, "lease_s": self._lease_s}
+        async with self._db.connection() as conn:
+            rows: list[dict[str, Any]] = []
+            if self.keyed:
+                rows = await (await conn.execute(self._q.job_run_claim_keyed, params)).fetchall()
+                params["limit"] = limit - len(rows)
+            if params["limit"]:
+                cur = await conn.execute(self._q.job_run_claim, params)
+                rows += await cur.fetchall()
+        self.claims += 1
+        self.claimed += len(rows)
+        return rows
+
+    async def _idle(self) -> None:
+        timeout = self._poll_interval_s * random.uniform(0.9, 1.1)  # noqa: S311
+        delay = await self._next_run_delay_s()
+        if delay is not None:
+            timeout = max(0.0, min(timeout, delay))
+        with anyio.move_on_after(timeout):
+            await self._wake.wait()
+
+    async def _next_run_delay_s(self) -> float | None:
+        try:
+            async with self._db.connection() as conn:
+                cur = await conn.execute(self._q.job_run_next_run_at, {
+                    "pool": self.pool_name, "now": self._clock.db_now()})
+                row = await cur.fetchone()
+        except psycopg.OperationalError:
+            return None
+        return row["delay_s"] if row else None

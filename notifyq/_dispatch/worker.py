@@ -1,0 +1,260 @@
+"""A worker process's runtime: producers, executions, heartbeat, completer, listener and
+maintenance in one structured task tree.
+
+Shutdown (the caller's scope is cancelled, e.g. on SIGTERM): producers and maintenance stop at
+once; running handlers get ``shutdown_grace_s`` to finish; the rest are cancelled and their runs
+released (back to ``pending``, the attempt not counted); the completer drains; then everything
+closes. The shutdown work runs shielded, bounded by the grace period plus a write deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from typing import Any
+from uuid import UUID
+
+import anyio
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from notifyq._clock import Clock
+from notifyq._db.pool import AsyncConn
+from notifyq._db.queries import Queries
+from notifyq._dispatch.completer import Completer
+from notifyq._dispatch.executor import Execution, Executor
+from notifyq._dispatch.producer import Producer, Slots
+from notifyq._maintenance.elector import Elector
+from notifyq._maintenance.purger import Purger
+from notifyq._maintenance.reaper import Reaper
+from notifyq._maintenance.resumer import Resumer
+from notifyq._maintenance.runner import every
+from notifyq._maintenance.scheduler import Scheduler
+from notifyq._notifier import Notifier
+from notifyq._registry import Registry
+from notifyq._settings import Settings
+
+log = logging.getLogger("notifyq.worker")
+
+FINAL_WRITE_DEADLINE_S = 15.0
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Worker:
+    def __init__(self, *, db: AsyncConnectionPool[AsyncConn], queries: Queries, clock: Clock,
+                 settings: Settings, registry: Registry, listen_dsn: str | None,
+                 concurrency: int, pools: list[str], burst: bool = False,
+                 maintenance: bool = True) -> None:
+        self.id = new_worker_id()
+        self._db = db
+        self._q = queries
+        self._clock = clock
+        self._settings = settings
+        self._registry = registry
+        self._burst = burst
+        cfg = settings.worker
+        self.slots = Slots(concurrency)
+        self.completer = Completer(db, queries, clock, batch_max=cfg.completer_batch_max,
+                                   on_written=self._on_written)
+        self.executor = Executor(registry, self.completer, clock,
+                                 thread_limiter=anyio.CapacityLimiter(concurrency), db=db,
+                                 queries=queries)
+        self.producers = {
+            pool: Producer(pool, db=db, queries=queries, clock=clock, slots=self.slots,
+                           worker_id=self.id, lease_s=cfg.lease_s,
+                           poll_interval_s=cfg.poll_interval_s, start=self._start, burst=burst)
+            for pool in pools
+        }
+        for pool in registry.keyed_pools() & set(self.producers):
+            self.producers[pool].keyed = True
+        self.notifier = Notifier(listen_dsn, queries) if (listen_dsn and cfg.listen) else None
+        if self.notifier is not None:
+            self.notifier.subscribe(self._on_notification)
+            self.notifier.on_connect(self._wake_all)
+        self.elector = Elector(db, queries, clock, leader_id=self.id,
+                               ttl_s=settings.leader.ttl_s)
+        self.reaper = Reaper(db, queries, clock, settings.reaper)
+        self.purger = Purger(db, queries, clock, settings.purger)
+        self.resumer = Resumer(db, queries, clock, settings.resumer)
+        self.scheduler = Scheduler(db, queries, clock, registry.periodic)
+        self._maintenance = maintenance and not burst
+        self.active: dict[UUID, Execution] = {}
+        self._writing = 0
+        self._handlers: anyio.abc.TaskGroup | None = None
+        self._stopping = anyio.Event()
+        self._idle = anyio.Event()
+        self.started = anyio.Event()
+
+    async def run(self) -> None:
+        """Run until cancelled (or, in burst mode, until nothing is runnable)."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._serve)
+            try:
+                await self._stopping.wait()
+            finally:
+                self._stopping.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _serve(self) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                async with anyio.create_task_group() as core:
+                    core.start_soon(self.completer.run)
+                    core.start_soon(self._heartbeat)
+                    if self.notifier is not None:
+                        await core.start(self.notifier.run)
+                    async with anyio.create_task_group() as handlers:
+                        self._handlers = handlers
+                        await self._fetch_until_stopped()
+                        await self._drain()
+                    self.completer.close()
+                    core.cancel_scope.cancel()  # completer.run has returned; stop the rest
+            finally:
+                self._stopping.set()
+                with anyio.move_on_after(2):
+                    await self._resign()
+
+    async def _fetch_until_stopped(self) -> None:
+        async with anyio.create_task_group() as fetchers:
+            fetchers.start_soon(self._cancel_on_stop, fetchers.cancel_scope)
+            if self._maintenance:
+                fetchers.start_soon(self.elector.run)
+                fetchers.start_soon(self._run_if_leader, self.reaper.run_once,
+                                    self._settings.reaper.interval_s, "reaper",
+                                    self._settings.reaper.enabled)
+                fetchers.start_soon(self._run_if_leader, self.resumer.run_once,
+                                    self._settings.resumer.interval_s, "resumer",
+                                    self._settings.resumer.enabled)
+                fetchers.start_soon(self._run_if_leader, self.purger.run_once,
+                                    self._settings.purger.interval_s, "purger",
+                                    self._settings.purger.enabled)
+                fetchers.start_soon(self.scheduler.run)
+            self.started.set()
+            async with anyio.create_task_group() as producers:
+                for producer in self.producers.values():
+                    producers.start_soon(producer.run)
+            fetchers.cancel_scope.cancel()  # burst mode: producers ran dry
+
+    async def _cancel_on_stop(self, scope: anyio.CancelScope) -> None:
+        await self._stopping.wait()
+        scope.cancel()
+
+    async def _run_if_leader(self, once: Any, interval_s: float, name: str, enabled: bool) -> None:
+        if enabled:
+            await every(interval_s, once, name=name, active=lambda: self.elector.is_leader)
+
+    async def _drain(self) -> None:
+        if self.active:
+            log.info("stopping: waiting up to %.1f s for %d running handlers",
+                     self._settings.worker.shutdown_grace_s, len(self.active))
+            with anyio.move_on_after(self._settings.worker.shutdown_grace_s):
+                await self._idle.wait()
+        for execution in list(self.active.values()):
+            execution.stop("shutdown")
+        with anyio.move_on_after(FINAL_WRITE_DEADLINE_S):
+            while self.active:
+                await self._idle.wait()
+        for execution in list(self.active.values()):
+            log.warning("run %s still running after shutdown; its lease will expire",
+                        execution.id)
+        if self.active and self._handlers is not None:
+            # Handlers that ignore cancellation, or write-backs the completer keeps retrying
+            # (the database is gone), must not hold the process past the deadline.
+            self._handlers.cancel_scope.cancel()
+
+    def _start(self, row: dict[str, Any]) -> None:
+        execution = Execution.from_claim(row, host_now=self._clock.now())
+        self.active[execution.id] = execution
+        if self._idle.is_set():  # a fresh Event only when leaving idle: was one per run (~1 us)
+            self._idle = anyio.Event()
+        if self._handlers is None:  # pragma: no cover - producers start after it is set
+            raise RuntimeError("worker is not running")
+        self._handlers.start_soon(self._execute, execution, name=f"run {execution.id}")
+
+    async def _execute(self, execution: Execution) -> None:
+        # The slot is freed when the handler returns, not when its write-back commits, so the
+        # next claim overlaps the write instead of waiting for it (at most `concurrency`
+        # write-backs in flight; past that the slot waits for the write).
+        freed = False
+
+        def handler_done() -> None:
+            nonlocal freed
+            if self._writing < self.slots.size:
+                freed = True
+                self._writing += 1
+                self.slots.give(1)
+
+        try:
+            await self.executor.execute(execution, handler_done)
+        except Exception:
+            log.exception("run %s: write-back failed; the lease will expire and the run be "
+                          "retried", execution.id)
+        finally:
+            self.active.pop(execution.id, None)
+            if freed:
+                self._writing -= 1
+            else:
+                self.slots.give(1)
+            if not self.active:
+                self._idle.set()
+            if self._burst:
+                self._wake_all()
+
+    async def _heartbeat(self) -> None:
+        interval = self._settings.worker.heartbeat_every_s
+        while True:
+            await anyio.sleep(interval)
+            running = list(self.active.values())
+            if not running:
+                continue
+            try:
+                async with self._db.connection() as conn:
+                    cur = await conn.execute(self._q.job_run_heartbeat_many, {
+                        "now": self._clock.db_now(), "lease_s": self._settings.worker.lease_s,
+                        "ids": [e.id for e in running], "fences": [e.fence for e in running]})
+                    rows = {r["id"]: r["cancel_requested"] for r in await cur.fetchall()}
+            except psycopg.OperationalError as exc:
+                log.warning("heartbeat failed (%s); retrying", type(exc).__name__)
+                continue
+            for execution in running:
+                if execution.id not in self.active:
+                    continue
+                if execution.id not in rows:
+                    execution.stop("lost")
+                elif rows[execution.id]:
+                    execution.stop("canceled")
+
+    def _on_notification(self, payload: str) -> None:
+        kind, _, value = payload.partition(":")
+        if kind == "j":
+            producer = self.producers.get(value)
+            if producer is not None:
+                producer.wake()
+        elif kind == "c":
+            try:
+                execution = self.active.get(UUID(value))
+            except ValueError:
+                return
+            if execution is not None:
+                execution.stop("canceled")
+
+    def _on_written(self, pool: str, status: str) -> None:
+        if status == "pending" and pool in self.producers:
+            self.producers[pool].wake()
+
+    def _wake_all(self) -> None:
+        for producer in self.producers.values():
+            producer.wake()
+
+    async def _resign(self) -> None:
+        try:
+            await self.elector.resign()
+        except psycopg.Error:
+            log.debug("could not resign leadership; it expires by itself")

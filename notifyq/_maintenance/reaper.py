@@ -1,0 +1,43 @@
+"""The reaper (leader-only): runs whose lease expired — their worker died or hung without
+heartbeating — go back to ``pending`` (or to ``failed`` when out of attempts).
+
+Expiry is re-checked inside the UPDATE, so a heartbeat that commits first keeps the run.
+Reaped runs' pools get a NOTIFY so an idle worker picks them up at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from notifyq._clock import Clock
+from notifyq._db.pool import AsyncConn
+from notifyq._db.queries import Queries
+from notifyq._notifier import wake_payload
+from notifyq._settings import ReaperSettings
+
+
+class Reaper:
+    def __init__(self, db: AsyncConnectionPool[AsyncConn], queries: Queries, clock: Clock,
+                 config: ReaperSettings) -> None:
+        self._db = db
+        self._q = queries
+        self._clock = clock
+        self.config = config
+
+    async def run_once(self) -> dict[str, Any]:
+        counts = {"pending": 0, "failed": 0, "canceled": 0}
+        while True:
+            async with self._db.connection() as conn:
+                cur = await conn.execute(self._q.job_run_reap_expired, {
+                    "now": self._clock.db_now(), "limit": self.config.batch_size})
+                rows = await cur.fetchall()
+                pools = {r["pool"] for r in rows if r["status"] == "pending"}
+                if pools:
+                    await conn.execute(self._q.job_run_notify, {
+                        "channel": self._q.schema, "payloads": [wake_payload(p) for p in pools]})
+            for row in rows:
+                counts[row["status"]] += 1
+            if len(rows) < self.config.batch_size:
+                return counts

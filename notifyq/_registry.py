@@ -1,0 +1,148 @@
+"""Handler registrations: what a worker can run, and with which policies."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+from notifyq._context import JobContext
+from notifyq._dispatch.retry import RetryPolicy
+from notifyq._durable.policies import (
+    ConcurrencyPolicy,
+    DedupePolicy,
+    ReplayFrom,
+    Scope,
+    template_of,
+)
+from notifyq._enqueue.validate import JOB_TYPE, POOL
+from notifyq._errors import ConfigError
+
+log = logging.getLogger("notifyq")
+
+HandlerFn = Callable[[JobContext], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    job_type: str
+    call: HandlerFn
+    is_async: bool
+    retry: RetryPolicy
+    timeout_s: float | None
+    pool: str
+    priority: int
+    version: int
+    concurrency: ConcurrencyPolicy | None = None
+    dedupe: DedupePolicy | None = None
+    scope: Scope | None = None
+    replay_from: ReplayFrom = "last_step"
+
+    def definition(self) -> dict[str, Any]:
+        """The row this handler upserts into ``job``: its policies as data, so enqueuers in
+        other processes and languages apply them (key templates; callables stay in Python)."""
+        c, d, s = self.concurrency, self.dedupe, self.scope
+        return {"type": self.job_type, "version": self.version, "pool": self.pool,
+                "priority": self.priority, "max_attempts": self.retry.attempts,
+                "retry_policy": self.retry.to_json(), "timeout_s": self.timeout_s,
+                "concurrency_key_template": template_of(c.key) if c else None,
+                "concurrency_collision": c.collision if c else None,
+                "concurrency_limit": c.limit if c else None,
+                "dedupe_key_template": template_of(d.key) if d else None,
+                "dedupe_window_s": d.window_s if d else None,
+                "dedupe_states": list(d.states) if d else None,
+                "replay_from": self.replay_from,
+                "scope_entity_type": s.entity if s else None,
+                "scope_id_template": template_of(s.id_from) if s else None}
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodicSpec:
+    job_type: str
+    every: timedelta
+    input: dict[str, Any] | list[Any]
+
+    @property
+    def name(self) -> str:
+        return f"{self.job_type}@{self.every // timedelta(milliseconds=1)}ms"
+
+
+class Registry:
+    def __init__(self, env: Literal["production", "development", "test"]) -> None:
+        self._env = env
+        self._handlers: dict[str, HandlerSpec] = {}
+        self._by_function: dict[int, str] = {}
+        self.periodic: list[PeriodicSpec] = []
+
+    def register(self, job_type: str, target: Any, *, retry: RetryPolicy | None,
+                 timeout_s: float | None, pool: str, priority: int, version: int,
+                 concurrency: ConcurrencyPolicy | None = None,
+                 dedupe: DedupePolicy | None = None, scope: Scope | None = None,
+                 replay_from: ReplayFrom = "last_step") -> HandlerSpec:
+        if not JOB_TYPE.fullmatch(job_type):
+            raise ConfigError(f"invalid job type {job_type!r}: it must match {JOB_TYPE.pattern}")
+        if not POOL.fullmatch(pool):
+            raise ConfigError(f"invalid pool {pool!r}: it must match {POOL.pattern}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
+        if job_type in self._handlers:
+            self._duplicate(job_type)
+        call = _callable(target)
+        if replay_from not in ("scratch", "last_step", "last_checkpoint"):
+            raise ConfigError("replay_from must be scratch, last_step or last_checkpoint, "
+                              f"got {replay_from!r}")
+        spec = HandlerSpec(job_type, call, _is_async(call), retry or RetryPolicy(), timeout_s,
+                           pool, priority, version, concurrency, dedupe, scope, replay_from)
+        self._handlers[job_type] = spec
+        self._by_function[id(target)] = job_type
+        return spec
+
+    def _duplicate(self, job_type: str) -> None:
+        message = f"handler for {job_type!r} registered twice"
+        if self._env == "production":
+            raise ConfigError(message + " (set NOTIFYQ_ENV=development to allow overwriting)")
+        if self._env == "development":
+            log.warning("%s; the later one wins", message)
+
+    def get(self, job_type: str) -> HandlerSpec | None:
+        return self._handlers.get(job_type)
+
+    def type_of(self, target: Any) -> str | None:
+        return self._by_function.get(id(target))
+
+    def specs(self) -> list[HandlerSpec]:
+        return list(self._handlers.values())
+
+    def keyed_pools(self) -> set[str]:
+        """Pools with a handler that has a concurrency policy: their producers also run the
+        keyed claim."""
+        return {s.pool for s in self._handlers.values() if s.concurrency is not None}
+
+    def pools(self) -> list[str]:
+        return sorted({s.pool for s in self._handlers.values()})
+
+
+def _callable(target: Any) -> HandlerFn:
+    """Functions are used as they are; classes are instantiated (no arguments) and instances
+    are used through their ``handle`` method."""
+    if inspect.isclass(target):
+        target = target()
+    if inspect.isfunction(target) or inspect.ismethod(target):
+        return target
+    handle = getattr(target, "handle", None)
+    if callable(handle):
+        return handle  # type: ignore[no-any-return]
+    if callable(target):
+        return target  # type: ignore[no-any-return]
+    raise ConfigError(f"handler {target!r} is neither a function nor has a handle(ctx) method")
+
+
+def _is_async(call: HandlerFn) -> bool:
+    return inspect.iscoroutinefunction(call) or inspect.iscoroutinefunction(
+        type(call).__call__)
+
+
+AsyncHandler = Callable[[JobContext], Awaitable[Any]]

@@ -1,0 +1,1 @@
+"""Webhook delivery: endpoints, messages, signing, the SSRF-guarded transport."""

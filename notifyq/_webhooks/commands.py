@@ -1,0 +1,319 @@
+"""``notifyq webhooks ...``: endpoints (add, list, enable, disable, rotate-secret), send,
+attempts, resend and recover. Text by default, JSON with ``--json``. A secret is printed only by
+``add`` and ``rotate-secret``: the one time it is shown.
+
+Every command that changes something says what it did in one line. Those that create something
+(``endpoints add``, ``send``, ``resend``) print what scripts read on stdout (the id, the secret,
+the run ids) and that line on stderr; the others print it on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from typing import Any
+
+from notifyq._app import App
+from notifyq._db.pool import AsyncConn
+from notifyq._errors import InvalidEndpoint
+from notifyq._webhooks.endpoints import Endpoint
+from notifyq._webhooks.service import SentMessage
+
+
+def add_webhooks_parser(sub: Any) -> None:
+    from notifyq._cli.main import _Parser
+
+    hooks = sub.add_parser("webhooks", help="webhook endpoints, messages and attempts")
+    actions = hooks.add_subparsers(dest="action", required=True, parser_class=_Parser,
+                                   metavar="endpoints|send|attempts|resend|recover")
+    _add_endpoints(actions, _Parser)
+
+    send = actions.add_parser("send", help="send a message by event type (or to one "
+                                           "endpoint); prints its id")
+    send.add_argument("event_type", metavar="EVENT_TYPE")
+    send.add_argument("--payload", metavar="JSON|-", required=True,
+                      help="the JSON body (object or array); - reads it from stdin")
+    send.add_argument("--endpoint", metavar="ID", help="send to this endpoint only")
+    send.add_argument("--idempotency-key", metavar="K",
+                      help="a second send with this key returns the first message")
+    send.set_defaults(func=cmd_send)
+
+    attempts = actions.add_parser("attempts", help="every attempt of a message")
+    attempts.add_argument("message_id", metavar="MESSAGE")
+    attempts.set_defaults(func=cmd_attempts)
+
+    resend = actions.add_parser("resend", help="a manual attempt (no retries) of a message")
+    resend.add_argument("message_id", metavar="MESSAGE")
+    resend.add_argument("--endpoint", metavar="ID", help="to this endpoint only")
+    resend.set_defaults(func=cmd_resend)
+
+    recover = actions.add_parser("recover", help="re-enqueue an endpoint's failed deliveries "
+                                                 "since a time")
+    recover.add_argument("endpoint_id", metavar="ENDPOINT")
+    recover.add_argument("--since", metavar="ISO8601", required=True)
+    recover.set_defaults(func=cmd_recover)
+    for parser in (send, attempts, resend, recover):
+        _common(parser)
+
+
+def _add_endpoints(actions: Any, parser_class: Any) -> None:
+    endpoints = actions.add_parser("endpoints", help="add, list, enable, disable, "
+                                                     "rotate-secret")
+    ops = endpoints.add_subparsers(dest="op", required=True, parser_class=parser_class,
+                                   metavar="add|list|enable|disable|rotate-secret")
+    add = ops.add_parser("add", help="create an endpoint; prints its id and secret (once)")
+    add.add_argument("url", metavar="URL")
+    add.add_argument("--description", default="")
+    add.add_argument("--event-type", action="append", dest="event_types", metavar="TYPE",
+                     help="subscribe to this type (repeatable; default: every type)")
+    add.add_argument("--header", action="append", dest="headers", metavar="NAME:VALUE",
+                     help="a custom header sent with every message (repeatable)")
+    add.add_argument("--secret", help="whsec_... (default: generated)")
+    add.add_argument("--disabled", action="store_true", help="create it disabled")
+    add.set_defaults(func=cmd_endpoints_add)
+
+    listing = ops.add_parser("list", help="endpoints, oldest first")
+    listing.add_argument("--limit", type=int, default=100)
+    listing.set_defaults(func=cmd_endpoints_list)
+
+    enable = ops.add_parser("enable", help="enable an endpoint (its failure streak is reset)")
+    enable.add_argument("endpoint_id", metavar="ID")
+    enable.set_defaults(func=cmd_endpoints_enable)
+
+    disable = ops.add_parser("disable", help="disable an endpoint; pending deliveries stop")
+    disable.add_argument("endpoint_id", metavar="ID")
+    disable.add_argument("--reason", default="disabled from the command line")
+    disable.set_defaults(func=cmd_endpoints_disable)
+
+    rotate = ops.add_parser("rotate-secret", help="a new secret (printed once); the old one "
+                                                  "keeps signing for the grace period")
+    rotate.add_argument("endpoint_id", metavar="ID")
+    rotate.add_argument("--grace-s", type=float, metavar="S",
+                        help="seconds the old secret stays valid (webhooks.secret_grace_s)")
+    rotate.add_argument("--secret", help="whsec_... (default: generated)")
+    rotate.set_defaults(func=cmd_endpoints_rotate)
+    for parser in (add, listing, enable, disable, rotate):
+        _common(parser)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--app", help="MODULE:ATTR of your notifyq.App")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _run(args: argparse.Namespace, fn: Any) -> int:
+    from notifyq._cli.main import _session, load_app, run_async
+
+    app = load_app(args.app)
+
+    async def go() -> int:
+        async with _session(app) as conn:
+            result: int = await fn(app, conn)
+            return result
+    return run_async(go)
+
+
+def _emit(args: argparse.Namespace, value: Any, text: str) -> None:
+    if args.json:
+        print(json.dumps(value, indent=2, default=str, ensure_ascii=False))
+    else:
+        print(text)
+
+
+def _say(text: str) -> None:
+    """What a creating command did, on stderr: stdout stays the value scripts read."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def _plural(n: int, word: str, words: str | None = None) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {words or word + 's'}"
+
+
+def _types(e: Endpoint) -> str:
+    return ("event types " + ", ".join(e.event_types) if e.event_types is not None
+            else "every event type")
+
+
+def _endpoint_line(e: Endpoint) -> str:
+    state = "enabled" if e.enabled else f"disabled ({e.disabled_reason})"
+    types = ",".join(e.event_types) if e.event_types else "*"
+    return f"{e.id}  {state}  {types}  {e.url}"
+
+
+def _headers(pairs: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition(":")
+        if not sep:
+            raise InvalidEndpoint(f"--header {pair!r} must look like NAME:VALUE")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def cmd_endpoints_add(args: argparse.Namespace) -> int:
+    headers = _headers(args.headers)
+
+    async def go(app: App, conn: AsyncConn) -> int:
+        e = await app.webhooks.create_endpoint(
+            args.url, description=args.description, event_types=args.event_types,
+            headers=headers, secret=args.secret, enabled=not args.disabled, conn=conn)
+        _say(f"created endpoint {e.id} for {e.url} ({_types(e)}, "
+             f"{'enabled' if e.enabled else 'disabled'})")
+        _emit(args, e.to_json(), f"{e.id}\nsecret (shown once, store it now): {e.secret}")
+        return 0
+    return _run(args, go)
+
+
+def cmd_endpoints_list(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        items = await app.webhooks.list_endpoints(limit=args.limit, conn=conn)
+        _emit(args, [e.to_json() for e in items],
+              "\n".join(_endpoint_line(e) for e in items) or "no endpoints")
+        return 0
+    return _run(args, go)
+
+
+def cmd_endpoints_enable(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        e = await app.webhooks.enable_endpoint(args.endpoint_id, conn=conn)
+        _emit(args, e.to_json(), f"enabled endpoint {e.id} ({e.url}): new messages go to it "
+                                 "again and its failure streak starts from zero")
+        return 0
+    return _run(args, go)
+
+
+def cmd_endpoints_disable(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        e = await app.webhooks.disable_endpoint(args.endpoint_id, args.reason, conn=conn)
+        _emit(args, e.to_json(), f"disabled endpoint {e.id} ({e.url}): {e.disabled_reason}; "
+                                 "its pending deliveries are canceled")
+        return 0
+    return _run(args, go)
+
+
+def cmd_endpoints_rotate(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        e = await app.webhooks.rotate_secret(args.endpoint_id, secret=args.secret,
+                                             grace_s=args.grace_s, conn=conn)
+        grace = app.webhooks.settings.secret_grace_s if args.grace_s is None else args.grace_s
+        old = (f"the previous one keeps signing for {grace:g} s" if grace
+               else "the previous one no longer signs")
+        _emit(args, e.to_json(), f"rotated the signing secret of endpoint {e.id}: {old}\n"
+                                 f"new secret (shown once, store it now): {e.secret}")
+        return 0
+    return _run(args, go)
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.payload == "-" else args.payload
+    try:
+        payload = json.loads(text)
+    except ValueError as exc:
+        raise InvalidEndpoint(f"--payload is not JSON: {exc}") from None
+
+    async def go(app: App, conn: AsyncConn) -> int:
+        sent = await app.webhooks.send(args.event_type, payload, endpoint_id=args.endpoint,
+                                       idempotency_key=args.idempotency_key, conn=conn)
+        _say(_sent_text(sent, args.event_type))
+        _emit(args, sent.to_json(), sent.id)
+        return 0
+    return _run(args, go)
+
+
+def _sent_text(sent: SentMessage, event_type: str) -> str:
+    if not sent.created:
+        return (f"the idempotency key matched message {sent.id}, sent earlier to "
+                f"{_plural(sent.deliveries, 'endpoint')}: nothing new was sent")
+    if not sent.deliveries:
+        return (f"stored message {sent.id}, but no enabled endpoint subscribes to {event_type}: "
+                "nothing will be delivered")
+    return f"sent message {sent.id} ({event_type}) to {_plural(sent.deliveries, 'endpoint')}"
+
+
+def cmd_attempts(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        rows = await app.webhooks.attempts(args.message_id, conn=conn)
+        if args.json:
+            _emit(args, rows, "")
+            return 0
+        message = await app.webhooks.message(args.message_id, conn=conn)
+        print(attempts_text(rows, message["deliveries"]))
+        return 0
+    return _run(args, go)
+
+
+def attempts_text(rows: list[dict[str, Any]], deliveries: list[dict[str, Any]]) -> str:
+    """A table of the attempts, then one line per delivery: where it stands."""
+    from notifyq._cli.main import _table, _when
+
+    parts = []
+    if rows:
+        parts.append(_table(["WHEN", "ATTEMPT", "RESULT", "DURATION", "ENDPOINT"], [
+            [_when(r["created_at"]), attempt_label(r),
+             str(r["status_code"] or r["error_kind"]), f"{r['duration_ms']:.1f} ms",
+             str(r["endpoint_id"])] for r in rows]))
+    else:
+        parts.append("no attempts")
+    parts.append("\n".join(_delivery_line(d, rows) for d in deliveries))
+    return "\n\n".join(p for p in parts if p)
+
+
+def attempt_label(row: dict[str, Any]) -> str:
+    """``scheduled 2/8``: the second attempt of a delivery's schedule of 8; ``manual 1``: its
+    first manual resend."""
+    if row["trigger"] == "manual":
+        return f"manual {row['attempt']}"
+    return f"scheduled {row['attempt']}/{row['max_attempts']}"
+
+
+def _delivery_line(delivery: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    from notifyq._cli.main import _when
+
+    mine = [r for r in rows if r["endpoint_id"] == delivery["endpoint_id"]]
+    manual = sum(1 for r in mine if r["trigger"] == "manual")
+    status, made, limit = delivery["status"], delivery["attempts"], delivery["max_attempts"]
+    line = f"endpoint {delivery['endpoint_id']}: " + (
+        f"{status} after {made} of {limit} scheduled attempts" if made
+        else f"pending, no scheduled attempt yet (at most {limit})" if status == "pending"
+        else f"{status} before any scheduled attempt")
+    scheduled = [r for r in mine if r["trigger"] == "scheduled"]
+    if delivery["status"] == "pending" and scheduled and scheduled[-1]["next_attempt_at"]:
+        line += f", next at {_when(scheduled[-1]['next_attempt_at'])}"
+    if manual:
+        line += f", and {_plural(manual, 'manual resend')}"
+    return line
+
+
+def cmd_resend(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        rows = await app.webhooks.resend(args.message_id, endpoint_id=args.endpoint, conn=conn)
+        _say(f"resending message {args.message_id} to {_plural(len(rows), 'endpoint')}: one "
+             "manual attempt each, no retries (see `notifyq webhooks attempts "
+             f"{args.message_id}`)")
+        _emit(args, rows, "\n".join(str(r["run_id"]) for r in rows))
+        return 0
+    return _run(args, go)
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    try:
+        since = datetime.fromisoformat(args.since)
+    except ValueError:
+        raise InvalidEndpoint(f"--since {args.since!r} is not an ISO 8601 time") from None
+    if since.tzinfo is None:
+        raise InvalidEndpoint("--since needs a UTC offset (e.g. 2030-01-01T09:00Z)")
+
+    async def go(app: App, conn: AsyncConn) -> int:
+        rows = await app.webhooks.recover(args.endpoint_id, since, conn=conn)
+        _emit(args, rows, _recovered_text(len(rows), args.endpoint_id, since))
+        return 0
+    return _run(args, go)
+
+
+def _recovered_text(n: int, endpoint_id: str, since: datetime) -> str:
+    what = f"of endpoint {endpoint_id} last attempted since {since.isoformat()}"
+    if not n:
+        return f"no failed delivery {what}: nothing to recover"
+    return (f"recovered {_plural(n, 'failed delivery', 'failed deliveries')} {what}: each "
+            "starts a new series of scheduled attempts")

@@ -1,0 +1,263 @@
+"""``webhook.deliver``: one attempt of one message to one endpoint, then the next step.
+
+Input ``{"message_id", "endpoint_id"}`` (scheduled) or with ``"trigger": "manual"`` (a resend).
+Each execution:
+
+1. loads message, endpoint, delivery and the valid secrets' ciphertexts in one query (batched
+   with the loads of concurrent deliveries, see :class:`~notifyq._db.batcher.Batcher`);
+2. signs the stored body per Standard Webhooks v1 with every valid secret, with a fresh
+   ``webhook-timestamp``;
+3. POSTs it through the process's :class:`~notifyq._webhooks.client.WebhookClient` (SSRF guard,
+   deadline, capped body);
+4. records the attempt, the delivery's state and the endpoint's failure streak in one statement
+   (batched with the records of concurrent deliveries);
+5. decides (:func:`~notifyq._webhooks.schedule.decide`): success returns; a retry raises
+   ``Snooze`` with the webhook schedule's delay (the generic backoff never decides); a delivery
+   that is over raises ``Permanent``. 410 Gone, or failing longer than
+   ``webhooks.disable_after_s``, disables the endpoint and stops its pending deliveries.
+
+A worker killed between the POST and step 4 leaves the run to the reaper; the retry sends the
+same ``webhook-id`` again (receivers deduplicate on it), as Standard Webhooks expects.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import psycopg
+
+from notifyq._db.batcher import Batcher
+from notifyq._errors import Permanent, Snooze, WebhookNotFound
+from notifyq._webhooks.endpoints import RESERVED_HEADERS
+from notifyq._webhooks.schedule import Decision, decide
+from notifyq._webhooks.signing import secret_key, signature_header
+
+if TYPE_CHECKING:
+    from notifyq._app import App
+    from notifyq._context import JobContext
+    from notifyq._webhooks.client import AttemptResult, WebhookClient
+    from notifyq._webhooks.ssrf import Resolver
+
+log = logging.getLogger("notifyq.webhooks")
+
+USER_AGENT = "notifyq-webhooks/1"
+_SIGNING_KEYS_KEPT = 4096
+_RECORD_COLUMNS = {
+    "message_id": "message_ids", "endpoint_id": "endpoint_ids", "run_id": "run_ids",
+    "trigger": "triggers", "attempt": "attempts", "webhook_timestamp": "webhook_timestamps",
+    "url": "urls", "status_code": "status_codes", "error_kind": "error_kinds",
+    "error": "errors", "duration_ms": "durations_ms", "response_body": "response_bodies",
+    "response_truncated": "response_truncated", "next_attempt_at": "next_attempt_ats",
+    "delivery_status": "delivery_statuses", "counted": "counted", "succeeded": "succeeded"}
+"""Each attempt's field -> the array parameter of ``webhook_attempt_record_many``."""
+_STATUS_AFTER = {"succeeded": "succeeded", "retry": "pending", "failed": "failed",
+                 "gone": "failed"}
+
+
+class Deliverer:
+    """The ``webhook.deliver`` handler, registered by every App (pool ``webhooks``).
+
+    ``deliver(message_id, endpoint_id)`` is one attempt and what tests call directly; a
+    ``resolver`` replaces DNS (tests), ``rng`` the jitter's randomness."""
+
+    def __init__(self, app: App, *, resolver: Resolver | None = None,
+                 rng: random.Random | None = None) -> None:
+        self._app = app
+        self.resolver = resolver
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
+        self._client: WebhookClient | None = None
+        self._signing_keys: dict[tuple[UUID, bytes], bytes] = {}
+        # Batching the two statements of every delivery with those of concurrent deliveries:
+        # at 50 in flight to one endpoint, 586 -> 883 deliveries/s, the record's server time
+        # 252 -> 125 us per attempt and the load's 89 -> 38 us (8,000 deliveries,
+        # pg_stat_statements). At idle a statement still goes alone and at once.
+        self._loads: Batcher[tuple[str, UUID], dict[str, Any] | None] = Batcher(
+            self._load_many, split_on=(psycopg.DataError,))
+        self._records: Batcher[dict[str, Any], datetime | None] = Batcher(
+            self._record_many, split_on=(psycopg.IntegrityError, psycopg.DataError,
+                                         psycopg.errors.DeadlockDetected))
+        self.observer: Callable[[str], None] | None = None
+        """Called with each attempt's outcome (``2xx``..``5xx`` or the error kind)."""
+
+    def client(self) -> WebhookClient:
+        if self._client is None:
+            from notifyq._webhooks.client import WebhookClient
+
+            self._client = WebhookClient(self._app.settings.webhooks, resolver=self.resolver)
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    async def handle(self, ctx: JobContext) -> dict[str, Any]:
+        data = ctx.input if isinstance(ctx.input, dict) else {}
+        message_id, endpoint_id = data.get("message_id"), data.get("endpoint_id")
+        trigger = data.get("trigger", "scheduled")
+        if not isinstance(message_id, str) or not isinstance(endpoint_id, str) or (
+                trigger not in ("scheduled", "manual")):
+            raise Permanent(ValueError("webhook.deliver input must be {message_id, "
+                                       "endpoint_id[, trigger: scheduled|manual]}"))
+        try:
+            endpoint = UUID(endpoint_id)
+        except ValueError:
+            raise Permanent(ValueError(f"endpoint_id {endpoint_id!r} is not a UUID")) from None
+        return await self.deliver(message_id, endpoint, trigger=trigger, run_id=ctx.run.id)
+
+    async def deliver(self, message_id: str, endpoint_id: UUID, *, trigger: str = "scheduled",
+                      run_id: UUID | None = None) -> dict[str, Any]:
+        app = self._app
+        q = app.queries
+        scheduled = trigger == "scheduled"
+        now = app.clock.now()
+        row = await self._loads.submit((message_id, endpoint_id))
+        if row is None:
+            raise Permanent(WebhookNotFound(
+                f"no delivery of message {message_id} to endpoint {endpoint_id}"))
+        skipped = self._skip_reason(row, scheduled)
+        if skipped is not None:
+            if scheduled:
+                async with (await app.pool()).connection() as conn:
+                    await conn.execute(q.webhook_delivery_skip, {
+                        "message_id": message_id, "endpoint_id": endpoint_id,
+                        "reason": skipped, "now": app.clock.db_now()})
+            return {"skipped": skipped}
+        keys = self._keys(row)
+        body = row["body"].encode()
+        timestamp = int(now.timestamp())
+        headers = {name: value for name, value in (row["headers"] or {}).items()
+                   if name.lower() not in RESERVED_HEADERS
+                   and not name.lower().startswith("webhook-")}
+        headers.update({"content-type": "application/json", "accept-encoding": "identity",
+                        "user-agent": headers.get("user-agent", USER_AGENT),
+                        "webhook-id": message_id, "webhook-timestamp": str(timestamp),
+                        "webhook-signature": signature_header(keys, message_id, timestamp,
+                                                              body)})
+        result = await self.client().post(row["url"], headers, body)
+        if self.observer is not None:
+            self.observer(f"{result.status_code // 100}xx" if result.status_code is not None
+                          else result.error_kind or "connect")
+        attempt = row["attempts"] + 1 if scheduled else row["attempts"]
+        decision = decide(result, attempt if scheduled else len(
+            app.settings.webhooks.retry_schedule_s), app.settings.webhooks, now, self._rng)
+        return await self._record(row, run_id=run_id, trigger=trigger, attempt=attempt,
+                                  timestamp=timestamp, result=result, decision=decision)
+
+    async def _load_many(self, keys: list[tuple[str, UUID]]) -> list[dict[str, Any] | None]:
+        app = self._app
+        async with (await app.pool()).connection() as conn:
+            rows = await (await conn.execute(app.queries.webhook_delivery_load_many, {
+                "message_ids": [m for m, _ in keys], "endpoint_ids": [e for _, e in keys],
+                "now": app.clock.db_now()})).fetchall()
+        found = {row["ord"]: row for row in rows}
+        return [found.get(n) for n in range(1, len(keys) + 1)]
+
+    async def _record_many(self, items: list[dict[str, Any]]) -> list[datetime | None]:
+        app = self._app
+        params: dict[str, Any] = {plural: [i[name] for i in items]
+                                  for name, plural in _RECORD_COLUMNS.items()}
+        params["now"] = app.clock.db_now()
+        async with (await app.pool()).connection() as conn:
+            rows = await (await conn.execute(app.queries.webhook_attempt_record_many,
+                                             params)).fetchall()
+        since = {row["ord"]: row["failing_since"] for row in rows}
+        return [since.get(n) for n in range(1, len(items) + 1)]
+
+    @staticmethod
+    def _skip_reason(row: dict[str, Any], scheduled: bool) -> str | None:
+        if row["disabled_at"] is not None:
+            return f"endpoint disabled: {row['disabled_reason'] or 'no reason given'}"
+        if scheduled and row["status"] != "pending":
+            return f"delivery already {row['status']}"
+        return None
+
+    def _keys(self, row: dict[str, Any]) -> list[bytes]:
+        keyring = self._app.keyring
+        column = self._app.webhooks.secret_column
+        cache = self._signing_keys
+        keys = []
+        for secret_id, stored in zip(row["secret_ids"], row["ciphertexts"], strict=True):
+            # Decrypting (AES-GCM) and decoding the secret cost ~25 us per delivery; a secret
+            # is immutable, so its key is kept by (id, ciphertext) (a re-encryption by a key
+            # rotation changes the ciphertext, not the key).
+            blob = bytes(stored)
+            key = cache.get((secret_id, blob))
+            if key is None:
+                key = secret_key(keyring.decrypt(blob, column.context(secret_id)).decode())
+                if len(cache) >= _SIGNING_KEYS_KEPT:
+                    cache.clear()
+                cache[(secret_id, blob)] = key
+            keys.append(key)
+        if not keys:
+            raise Permanent(ValueError(f"endpoint {row['endpoint_id']} has no valid secret"))
+        return keys
+
+    async def _record(self, row: dict[str, Any], *, run_id: UUID | None, trigger: str,
+                      attempt: int, timestamp: int, result: AttemptResult,
+                      decision: Decision) -> dict[str, Any]:
+        app = self._app
+        settings = app.settings.webhooks
+        scheduled = trigger == "scheduled"
+        now = app.clock.now()
+        status = _STATUS_AFTER[decision.kind] if scheduled or result.succeeded else None
+        next_at = None
+        if decision.kind == "retry" and decision.delay_s is not None and scheduled:
+            from datetime import timedelta
+
+            next_at = now + timedelta(seconds=decision.delay_s)
+        outcome = (f"HTTP {result.status_code}" if result.status_code is not None
+                   else f"{result.error_kind}: {result.error}")
+        failing_since = await self._records.submit({
+            "message_id": row["message_id"], "endpoint_id": row["endpoint_id"],
+            "run_id": run_id, "trigger": trigger, "attempt": attempt,
+            "webhook_timestamp": timestamp, "url": row["url"],
+            "status_code": result.status_code, "error_kind": result.error_kind,
+            "error": None if result.succeeded else outcome[:1000].replace("\x00", "\ufffd"),
+            "duration_ms": result.duration_ms,
+            "response_body": result.body.decode(errors="replace").replace("\x00", "\ufffd"),
+            "response_truncated": result.truncated, "next_attempt_at": next_at,
+            "delivery_status": status, "counted": 1 if scheduled else 0,
+            "succeeded": result.succeeded})
+        disable = None
+        if decision.kind == "gone":
+            disable = "the endpoint answered 410 Gone"
+        elif not result.succeeded and failing_since is not None and (
+                now - failing_since).total_seconds() >= settings.disable_after_s:
+            disable = f"failing continuously since {failing_since.isoformat()}"
+        if disable is not None:
+            async with (await app.pool()).connection() as conn:
+                await self._disable(conn, row["endpoint_id"], disable)
+        return self._finish(row, result, decision, outcome=outcome, scheduled=scheduled,
+                            disabled=disable)
+
+    async def _disable(self, conn: Any, endpoint_id: UUID, reason: str) -> None:
+        q = self._app.queries
+        now = self._app.clock.db_now()
+        async with conn.transaction():
+            await conn.execute(q.webhook_endpoint_disable, {"id": endpoint_id,
+                                                            "reason": reason, "now": now})
+            await conn.execute(q.webhook_delivery_cancel_pending, {
+                "endpoint_id": endpoint_id, "reason": f"endpoint disabled: {reason}",
+                "now": now})
+        log.warning("webhook endpoint %s disabled: %s", endpoint_id, reason)
+
+    @staticmethod
+    def _finish(row: dict[str, Any], result: AttemptResult, decision: Decision, *,
+                outcome: str, scheduled: bool, disabled: str | None) -> dict[str, Any]:
+        summary = {"message_id": row["message_id"], "endpoint_id": str(row["endpoint_id"]),
+                   "status_code": result.status_code, "error_kind": result.error_kind,
+                   "duration_ms": round(result.duration_ms, 3)}
+        if result.succeeded or not scheduled:
+            return summary
+        where = f"webhook {row['message_id']} to endpoint {row['endpoint_id']}"
+        if decision.kind == "retry" and disabled is None and decision.delay_s is not None:
+            log.info("%s: %s; next attempt in %.1f s", where, outcome, decision.delay_s)
+            raise Snooze(decision.delay_s)
+        raise Permanent(RuntimeError(f"{where} failed: {outcome}"
+                                     + (f"; endpoint disabled ({disabled})" if disabled else "")))

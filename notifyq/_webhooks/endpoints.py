@@ -1,0 +1,138 @@
+"""Webhook endpoints: what is checked when one is written, and how one is shown.
+
+A URL is refused when it is not http(s) (or not https with ``webhooks.https_only``), has
+userinfo, is longer than 2,048 characters, or names a blocked address literally (including the
+legacy IPv4 forms ``127.1``, ``2130706433``, ``0x7f000001`` and ``localhost`` names). Hostnames
+are judged again, resolved, at every connection.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from notifyq._errors import InvalidEndpoint
+from notifyq._settings import WebhookSettings
+from notifyq._webhooks.ssrf import Guard
+
+MAX_URL_LENGTH = 2048
+MAX_HEADERS = 50
+MAX_EVENT_TYPES = 1000
+EVENT_TYPE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
+# Custom headers can never replace what signs and frames the request.
+RESERVED_HEADERS = frozenset({"webhook-id", "webhook-timestamp", "webhook-signature",
+                              "content-type", "content-length", "host", "transfer-encoding",
+                              "connection", "accept-encoding", "te", "upgrade", "trailer",
+                              "keep-alive", "proxy-authorization", "proxy-connection"})
+
+
+def check_url(url: str, settings: WebhookSettings) -> str:
+    if not isinstance(url, str) or not url:
+        raise InvalidEndpoint("url: required")
+    if len(url) > MAX_URL_LENGTH:
+        raise InvalidEndpoint(f"url: {len(url)} characters; the limit is {MAX_URL_LENGTH}")
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise InvalidEndpoint("url: must not contain whitespace or control characters")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise InvalidEndpoint(f"url: not a valid URL ({exc})") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise InvalidEndpoint(f"url: scheme must be http or https, got {scheme or 'none'!r}")
+    if settings.https_only and scheme != "https":
+        raise InvalidEndpoint("url: must be https (webhooks.https_only is set)")
+    if "@" in parts.netloc:
+        raise InvalidEndpoint("url: must not contain userinfo (user:password@)")
+    if not host:
+        raise InvalidEndpoint("url: has no host")
+    reason = Guard(settings.allowed_networks).check_host(host)
+    if reason is not None:
+        raise InvalidEndpoint(f"url: {reason}; webhooks only go to public addresses (allow a "
+                              "range with webhooks.allowed_networks)")
+    return url
+
+
+def check_headers(headers: dict[str, str] | None) -> dict[str, str]:
+    if not headers:
+        return {}
+    if len(headers) > MAX_HEADERS:
+        raise InvalidEndpoint(f"headers: at most {MAX_HEADERS}")
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise InvalidEndpoint(f"headers: {name!r} is not a valid header name")
+        lowered = name.lower()
+        if lowered in RESERVED_HEADERS or lowered.startswith("webhook-"):
+            raise InvalidEndpoint(f"headers: {name} is set by notifyq and cannot be overridden")
+        if not isinstance(value, str) or any(c in value for c in "\r\n\x00") or len(value) > 4096:
+            raise InvalidEndpoint(f"headers: the value of {name} must be a single-line string "
+                                  "of at most 4096 characters")
+        out[name] = value
+    return out
+
+
+def check_event_types(event_types: list[str] | None) -> list[str] | None:
+    if event_types is None:
+        return None
+    if len(event_types) > MAX_EVENT_TYPES:
+        raise InvalidEndpoint(f"event_types: at most {MAX_EVENT_TYPES}")
+    for event_type in event_types:
+        if not isinstance(event_type, str) or not EVENT_TYPE.fullmatch(event_type):
+            raise InvalidEndpoint(f"event_types: {event_type!r} must match {EVENT_TYPE.pattern}")
+    return sorted(set(event_types))
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """An endpoint as stored. ``secret`` is set only by create and rotate-secret: the one time
+    the secret is shown."""
+
+    id: UUID
+    url: str
+    description: str
+    event_types: list[str] | None
+    headers: dict[str, str]
+    disabled_at: datetime | None
+    disabled_reason: str | None
+    failing_since: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    valid_secrets: int = 0
+    secret: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.disabled_at is None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any], secret: str | None = None) -> Endpoint:
+        return cls(row["id"], row["url"], row["description"], row["event_types"],
+                   dict(row["headers"] or {}), row["disabled_at"], row["disabled_reason"],
+                   row["failing_since"], row["created_at"], row["updated_at"],
+                   int(row.get("valid_secrets") or 0), secret)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": str(self.id), "url": self.url, "description": self.description,
+            "event_types": self.event_types, "headers": self.headers, "enabled": self.enabled,
+            "disabled_at": _iso(self.disabled_at), "disabled_reason": self.disabled_reason,
+            "failing_since": _iso(self.failing_since), "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at), "valid_secrets": self.valid_secrets}
+        if self.secret is not None:
+            out["secret"] = self.secret
+        return out
+
+    def __repr__(self) -> str:  # never the secret
+        return f"Endpoint(id={self.id}, url={self.url!r}, enabled={self.enabled})"
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None

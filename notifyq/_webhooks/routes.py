@@ -1,0 +1,256 @@
+"""The ``/v1/webhooks`` routes: endpoints (CRUD, rotate secret, recover), messages (send, get,
+attempts, resend). Thin calls into ``app.webhooks``; refusals are problem details like every
+other route (422 naming the field, 404 for an unknown id, 409 without a keyring)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Query, Response
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from notifyq._api.schemas import Problem, Text
+from notifyq._app import App
+from notifyq._errors import ConfigError, InvalidEndpoint, InvalidEnqueue, WebhookNotFound
+from notifyq._http.problems import MEDIA_TYPE, problem
+from notifyq._webhooks.endpoints import MAX_URL_LENGTH
+
+MESSAGE_ID = r"^[A-Za-z0-9_-]{1,64}$"
+Header = dict[Annotated[str, Field(max_length=256)], Annotated[Text, Field(max_length=4096)]]
+
+
+def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """Problem responses: ``codes`` plus what any request may get (unparsable or too large a
+    body, a bad path or query value)."""
+    return {code: {"model": Problem, "content": {MEDIA_TYPE: {}}}
+            for code in sorted({*codes, 400, 413, 422})}
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EndpointIn(_In):
+    url: Annotated[Text, Field(min_length=1, max_length=MAX_URL_LENGTH)]
+    description: Annotated[Text, Field(max_length=1000)] = ""
+    event_types: Annotated[list[Annotated[Text, Field(max_length=128)]],
+                           Field(max_length=1000)] | None = Field(
+        None, description="null: every event type")
+    headers: Header | None = None
+    secret: Annotated[str, Field(max_length=200)] | None = Field(
+        None, description="whsec_ + base64 of 24-64 bytes; generated when absent")
+    enabled: bool = True
+
+
+class EndpointPatch(_In):
+    url: Annotated[Text, Field(min_length=1, max_length=MAX_URL_LENGTH)] | None = None
+    description: Annotated[Text, Field(max_length=1000)] | None = None
+    event_types: Annotated[list[Annotated[Text, Field(max_length=128)]],
+                           Field(max_length=1000)] | None = None
+    headers: Header | None = None
+    enabled: bool | None = None
+
+
+class EndpointOut(BaseModel):
+    id: UUID
+    url: str
+    description: str
+    event_types: list[str] | None
+    headers: dict[str, str]
+    enabled: bool
+    disabled_at: datetime | None
+    disabled_reason: str | None
+    failing_since: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    valid_secrets: int
+    secret: str | None = Field(None, description="only in the answer to create and "
+                                                 "rotate-secret: store it now")
+
+
+class EndpointPage(BaseModel):
+    items: list[EndpointOut]
+    next_cursor: UUID | None = None
+
+
+class RotateIn(_In):
+    secret: Annotated[str, Field(max_length=200)] | None = None
+    grace_s: Annotated[float, Field(ge=0, le=30 * 86_400)] | None = None
+
+
+class RecoverIn(_In):
+    since: AwareDatetime
+
+
+class MessageIn(_In):
+    event_type: Annotated[Text, Field(min_length=1, max_length=128)]
+    payload: dict[str, Any] | list[Any]
+    endpoint_id: UUID | None = None
+    idempotency_key: Annotated[Text, Field(min_length=1, max_length=256)] | None = None
+
+
+class MessageOut(BaseModel):
+    id: str
+    created: bool
+    deliveries: int
+
+
+class ResendIn(_In):
+    endpoint_id: UUID | None = None
+
+
+def _endpoint_field(message: str) -> str:
+    head = message.split(":", 1)[0]
+    return head if head in ("url", "headers", "event_types", "secret", "grace_s") else "body"
+
+
+async def _answer(call: Callable[[], Awaitable[Any]]) -> Any:
+    try:
+        return await call()
+    except InvalidEndpoint as exc:
+        return problem(422, str(exc), field=_endpoint_field(str(exc)))
+    except WebhookNotFound as exc:
+        return problem(404, str(exc), field="id")
+    except InvalidEnqueue as exc:
+        return problem(422, str(exc), field="body")
+    except ConfigError as exc:
+        return problem(409, str(exc), field="keys")
+
+
+def add_webhook_routes(router: APIRouter, app: App, read: list[Any],
+                       admin: list[Any]) -> None:
+    hooks = app.webhooks
+    auth = (401, 403)
+
+    @router.post("/webhooks/endpoints", dependencies=admin, status_code=201,
+                 response_model=EndpointOut, responses=_problems(409, 422, *auth),
+                 tags=["webhooks"], summary="Create an endpoint (its secret is shown once)")
+    async def create_endpoint(body: EndpointIn) -> Any:
+        async def go() -> Any:
+            endpoint = await hooks.create_endpoint(
+                body.url, description=body.description, event_types=body.event_types,
+                headers=body.headers, secret=body.secret, enabled=body.enabled)
+            return JSONResponse(endpoint.to_json(), status_code=201)
+        return await _answer(go)
+
+    @router.get("/webhooks/endpoints", dependencies=read, response_model=EndpointPage,
+                responses=_problems(422, *auth), tags=["webhooks"], summary="Endpoints")
+    async def list_endpoints(
+        enabled: bool | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        cursor: UUID | None = None,
+    ) -> Any:
+        items = await hooks.list_endpoints(enabled=enabled, limit=limit, after=cursor)
+        return {"items": [e.to_json() for e in items],
+                "next_cursor": str(items[-1].id) if len(items) == limit else None}
+
+    @router.get("/webhooks/endpoints/{id}", dependencies=read, response_model=EndpointOut,
+                responses=_problems(404, 422, *auth), tags=["webhooks"], summary="An endpoint")
+    async def get_endpoint(id: UUID) -> Any:
+        return await _answer(lambda: _json(hooks.get_endpoint(id)))
+
+    @router.patch("/webhooks/endpoints/{id}", dependencies=admin, response_model=EndpointOut,
+                  responses=_problems(404, 422, *auth), tags=["webhooks"],
+                  summary="Change an endpoint; enabled=false disables it (pending deliveries "
+                          "stop), true enables it")
+    async def patch_endpoint(id: UUID, body: EndpointPatch) -> Any:
+        async def go() -> Any:
+            given = body.model_fields_set
+            changes: dict[str, Any] = {k: getattr(body, k) for k in
+                                       ("url", "description", "headers") if k in given}
+            if "event_types" in given:
+                changes["event_types"] = body.event_types
+            endpoint = await hooks.update_endpoint(id, **changes)
+            if body.enabled is True:
+                endpoint = await hooks.enable_endpoint(id)
+            elif body.enabled is False:
+                endpoint = await hooks.disable_endpoint(id, "disabled through the admin API")
+            return endpoint.to_json()
+        return await _answer(go)
+
+    @router.delete("/webhooks/endpoints/{id}", dependencies=admin, status_code=204,
+                   response_model=None, response_class=Response,
+                   responses=_problems(404, 422, *auth), tags=["webhooks"],
+                   summary="Delete an endpoint with its deliveries and attempts")
+    async def delete_endpoint(id: UUID) -> Response:
+        async def go() -> Any:
+            await hooks.delete_endpoint(id)
+            return Response(status_code=204)
+        answer: Response = await _answer(go)
+        return answer
+
+    @router.post("/webhooks/endpoints/{id}/rotate-secret", dependencies=admin,
+                 response_model=EndpointOut, responses=_problems(404, 409, 422, *auth),
+                 tags=["webhooks"],
+                 summary="A new secret (shown once); the old one signs during the grace period")
+    async def rotate_secret(id: UUID, body: RotateIn | None = None) -> Any:
+        options = body or RotateIn()
+        return await _answer(lambda: _json(hooks.rotate_secret(
+            id, secret=options.secret, grace_s=options.grace_s)))
+
+    @router.post("/webhooks/endpoints/{id}/recover", dependencies=admin, status_code=202,
+                 responses=_problems(404, 422, *auth), tags=["webhooks"],
+                 summary="Re-enqueue the endpoint's failed deliveries since a time")
+    async def recover(id: UUID, body: RecoverIn) -> Any:
+        async def go() -> Any:
+            rows = await hooks.recover(id, body.since)
+            return JSONResponse({"recovered": len(rows), "items": [
+                {"message_id": r["message_id"], "run_id": str(r["run_id"])} for r in rows]},
+                status_code=202)
+        return await _answer(go)
+
+    @router.post("/webhooks/messages", dependencies=admin, status_code=201,
+                 response_model=MessageOut,
+                 responses={200: {"model": MessageOut,
+                                  "description": "a message with this idempotency_key exists"},
+                            **_problems(413, 422, *auth)},
+                 tags=["webhooks"], summary="Send a message to one endpoint or by event type")
+    async def send(body: MessageIn) -> Any:
+        async def go() -> Any:
+            sent = await hooks.send(body.event_type, body.payload,
+                                    endpoint_id=body.endpoint_id,
+                                    idempotency_key=body.idempotency_key)
+            return JSONResponse(sent.to_json(), status_code=201 if sent.created else 200)
+        return await _answer(go)
+
+    @router.get("/webhooks/messages/{id}", dependencies=read,
+                responses=_problems(404, *auth), tags=["webhooks"],
+                summary="A message with its deliveries")
+    async def get_message(id: Annotated[str, PathParam(pattern=MESSAGE_ID)]) -> Any:
+        return await _answer(lambda: _jsonable(hooks.message(id)))
+
+    @router.get("/webhooks/messages/{id}/attempts", dependencies=read,
+                responses=_problems(*auth), tags=["webhooks"],
+                summary="Every attempt of a message, oldest first")
+    async def attempts(id: Annotated[str, PathParam(pattern=MESSAGE_ID)]) -> Any:
+        return {"items": [_plain(r) for r in await hooks.attempts(id)]}
+
+    @router.post("/webhooks/messages/{id}/resend", dependencies=admin, status_code=202,
+                 responses=_problems(404, 422, *auth), tags=["webhooks"],
+                 summary="A manual attempt (no retries) to every endpoint of the message, or "
+                         "one")
+    async def resend(id: Annotated[str, PathParam(pattern=MESSAGE_ID)],
+                     body: ResendIn | None = None) -> Any:
+        async def go() -> Any:
+            rows = await hooks.resend(id, endpoint_id=(body or ResendIn()).endpoint_id)
+            return JSONResponse({"items": [_plain(r) for r in rows]}, status_code=202)
+        return await _answer(go)
+
+
+async def _json(pending: Awaitable[Any]) -> Any:
+    return (await pending).to_json()
+
+
+async def _jsonable(pending: Awaitable[dict[str, Any]]) -> Any:
+    row = await pending
+    return {**_plain(row), "deliveries": [_plain(d) for d in row["deliveries"]]}
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else
+                str(v) if isinstance(v, UUID) else v) for k, v in row.items()}

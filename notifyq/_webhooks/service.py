@@ -1,0 +1,349 @@
+"""``app.webhooks``: endpoints, sending, attempts, resend and recovery.
+
+Example::
+
+    endpoint = await app.webhooks.create_endpoint("https://example.com/hooks",
+                                                  event_types=["invoice.paid"])
+    print(endpoint.secret)        # shown once: give it to the receiver
+    sent = await app.webhooks.send("invoice.paid", {"id": 42}, idempotency_key="inv-42")
+
+Every method takes an optional ``conn``: with it, the statement runs on the caller's connection
+(in its transaction); without, on a pooled connection.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from notifyq._enqueue.validate import jsonb_problem, translate_db_error
+from notifyq._errors import ConfigError, InvalidEndpoint, InvalidEnqueue, WebhookNotFound
+from notifyq._keys.columns import EncryptedColumn
+from notifyq._run import Run
+from notifyq._webhooks import endpoints as checks
+from notifyq._webhooks.endpoints import Endpoint
+from notifyq._webhooks.signing import generate_secret, secret_key
+
+if TYPE_CHECKING:
+    from notifyq._app import App
+
+AnyConn = psycopg.AsyncConnection[Any]
+
+DELIVER = "webhook.deliver"
+POOL = "webhooks"
+SECRET_TABLE = "webhook_secret"  # noqa: S105 - a table name
+ATTEMPTS_LISTED = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SentMessage:
+    """``id`` is the ``webhook-id``; ``created`` is False when ``idempotency_key`` matched an
+    earlier message (nothing new was enqueued); ``deliveries`` counts its endpoints."""
+
+    id: str
+    created: bool
+    deliveries: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "created": self.created, "deliveries": self.deliveries}
+
+
+class Webhooks:
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self.secret_column: EncryptedColumn = app.encrypted_columns.register(
+            f"{app.settings.schema_name}.{SECRET_TABLE}", pk="id", column="ciphertext",
+            builtin=True)
+
+    @property
+    def settings(self) -> Any:
+        return self._app.settings.webhooks
+
+    @asynccontextmanager
+    async def _conn(self, conn: AnyConn | None) -> AsyncIterator[AnyConn]:
+        if conn is not None:
+            yield conn
+            return
+        async with (await self._app.pool()).connection() as own:
+            yield own
+
+    async def _one(self, conn: AnyConn, query: str,
+                   params: dict[str, Any]) -> dict[str, Any] | None:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(query, params)
+            return await cur.fetchone()
+
+    async def _all(self, conn: AnyConn, query: str,
+                   params: dict[str, Any]) -> list[dict[str, Any]]:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(query, params)
+            return await cur.fetchall()
+
+    def _now(self) -> datetime | None:
+        return self._app.clock.db_now()
+
+    # -- endpoints --------------------------------------------------------------------------
+
+    async def create_endpoint(self, url: str, *, description: str = "",
+                              event_types: list[str] | None = None,
+                              headers: dict[str, str] | None = None, secret: str | None = None,
+                              enabled: bool = True, conn: AnyConn | None = None) -> Endpoint:
+        """Create an endpoint; the returned one carries ``secret`` (generated unless given),
+        the only time it is shown. ``event_types`` None subscribes to every type."""
+        url = checks.check_url(url, self.settings)
+        headers = checks.check_headers(headers)
+        event_types = checks.check_event_types(event_types)
+        secret = self._secret(secret)
+        keyring = self._keyring()
+        async with self._conn(conn) as c, c.transaction():
+            row = await self._one(c, self._app.queries.webhook_endpoint_insert, {
+                "url": url, "description": description or "", "event_types": event_types,
+                "headers": Jsonb(headers), "enabled": enabled, "now": self._now()})
+            assert row is not None  # noqa: S101 - INSERT ... RETURNING
+            await self._store_secret(c, keyring, row["id"], secret)
+        return Endpoint.from_row({**row, "valid_secrets": 1}, secret)
+
+    def _secret(self, secret: str | None) -> str:
+        if secret is None:
+            return generate_secret()
+        try:
+            secret_key(secret)
+        except ValueError as exc:
+            raise InvalidEndpoint(f"secret: {exc}") from None
+        return secret
+
+    def _keyring(self) -> Any:
+        if not self._app.has_keyring:
+            raise ConfigError("webhook secrets are stored encrypted: configure a keyring "
+                              "(NOTIFYQ_KEYS and NOTIFYQ_ACTIVE_KEY_VERSION)")
+        return self._app.keyring
+
+    async def _store_secret(self, conn: AnyConn, keyring: Any, endpoint_id: UUID,
+                            secret: str) -> None:
+        secret_id = uuid.uuid4()
+        blob = keyring.encrypt(secret.encode(), self.secret_column.context(secret_id))
+        await conn.execute(self._app.queries.webhook_secret_insert, {
+            "id": secret_id, "endpoint_id": endpoint_id, "ciphertext": blob,
+            "now": self._now()})
+
+    async def get_endpoint(self, endpoint_id: UUID | str, *,
+                           conn: AnyConn | None = None) -> Endpoint:
+        async with self._conn(conn) as c:
+            row = await self._one(c, self._app.queries.webhook_endpoint_get,
+                                  {"id": _uuid(endpoint_id), "now": self._now()})
+        if row is None:
+            raise WebhookNotFound(f"no webhook endpoint {endpoint_id}")
+        return Endpoint.from_row(row)
+
+    async def list_endpoints(self, *, enabled: bool | None = None, limit: int = 100,
+                             after: UUID | None = None,
+                             conn: AnyConn | None = None) -> list[Endpoint]:
+        async with self._conn(conn) as c:
+            rows = await self._all(c, self._app.queries.webhook_endpoint_list, {
+                "after": after, "enabled": enabled, "limit": limit, "now": self._now()})
+        return [Endpoint.from_row(r) for r in rows]
+
+    async def update_endpoint(self, endpoint_id: UUID | str, *, url: str | None = None,
+                              description: str | None = None,
+                              event_types: list[str] | object | None = ...,
+                              headers: dict[str, str] | None = None,
+                              conn: AnyConn | None = None) -> Endpoint:
+        """Change what is given (``event_types=None`` means every type; leave it out to keep
+        the current filter)."""
+        set_types = event_types is not ...
+        types = checks.check_event_types(event_types) if isinstance(event_types, list) else None
+        params = {"id": _uuid(endpoint_id), "now": self._now(),
+                  "url": checks.check_url(url, self.settings) if url is not None else None,
+                  "description": description, "set_event_types": set_types,
+                  "event_types": types,
+                  "headers": Jsonb(checks.check_headers(headers)) if headers is not None
+                  else None}
+        return await self._write(self._app.queries.webhook_endpoint_update, params, conn)
+
+    async def disable_endpoint(self, endpoint_id: UUID | str, reason: str = "disabled by hand",
+                               *, conn: AnyConn | None = None) -> Endpoint:
+        """Disable the endpoint: its pending deliveries stop (their runs are canceled)."""
+        q = self._app.queries
+        async with self._conn(conn) as c, c.transaction():
+            endpoint = await self._write(q.webhook_endpoint_disable, {
+                "id": _uuid(endpoint_id), "reason": reason, "now": self._now()}, c)
+            await c.execute(q.webhook_delivery_cancel_pending, {
+                "endpoint_id": endpoint.id, "reason": f"endpoint disabled: {reason}",
+                "now": self._now()})
+        return endpoint
+
+    async def enable_endpoint(self, endpoint_id: UUID | str, *,
+                              conn: AnyConn | None = None) -> Endpoint:
+        return await self._write(self._app.queries.webhook_endpoint_enable,
+                                 {"id": _uuid(endpoint_id), "now": self._now()}, conn)
+
+    async def delete_endpoint(self, endpoint_id: UUID | str, *,
+                              conn: AnyConn | None = None) -> None:
+        """Delete the endpoint with its secrets, deliveries and attempts (pending deliveries
+        are canceled first)."""
+        q = self._app.queries
+        async with self._conn(conn) as c, c.transaction():
+            await c.execute(q.webhook_delivery_cancel_pending, {
+                "endpoint_id": _uuid(endpoint_id), "reason": "endpoint deleted",
+                "now": self._now()})
+            row = await self._one(c, q.webhook_endpoint_delete, {"id": _uuid(endpoint_id)})
+        if row is None:
+            raise WebhookNotFound(f"no webhook endpoint {endpoint_id}")
+
+    async def rotate_secret(self, endpoint_id: UUID | str, *, secret: str | None = None,
+                            grace_s: float | None = None,
+                            conn: AnyConn | None = None) -> Endpoint:
+        """A new signing secret (returned once, in ``.secret``); the previous ones keep
+        signing for ``grace_s`` (default ``webhooks.secret_grace_s``), both signatures sent."""
+        secret = self._secret(secret)
+        keyring = self._keyring()
+        grace = self.settings.secret_grace_s if grace_s is None else grace_s
+        if grace < 0:
+            raise InvalidEndpoint(f"grace_s must not be negative, got {grace}")
+        endpoint = await self.get_endpoint(endpoint_id, conn=conn)
+        async with self._conn(conn) as c, c.transaction():
+            expires = await self._one(c, self._app.queries.webhook_rotation_expiry,
+                                      {"now": self._now(), "grace_s": grace})
+            assert expires is not None  # noqa: S101 - a SELECT of one row
+            await c.execute(self._app.queries.webhook_secret_expire, {
+                "endpoint_id": endpoint.id, "expires_at": expires["expires_at"]})
+            await self._store_secret(c, keyring, endpoint.id, secret)
+        fresh = await self.get_endpoint(endpoint.id, conn=conn)
+        return Endpoint.from_row(_row_of(fresh), secret)
+
+    async def _write(self, query: str, params: dict[str, Any],
+                     conn: AnyConn | None) -> Endpoint:
+        async with self._conn(conn) as c:
+            row = await self._one(c, query, params)
+        if row is None:
+            raise WebhookNotFound(f"no webhook endpoint {params['id']}")
+        return Endpoint.from_row(row)
+
+    # -- messages ---------------------------------------------------------------------------
+
+    async def send(self, event_type: str, payload: dict[str, Any] | list[Any], *,
+                   endpoint_id: UUID | str | None = None, idempotency_key: str | None = None,
+                   conn: AnyConn | None = None) -> SentMessage:
+        """Send ``payload`` (the exact JSON body, as PostgreSQL's jsonb prints it) to
+        ``endpoint_id``, or to every enabled endpoint subscribed to ``event_type``: one
+        ``webhook.deliver`` run each. With ``conn``, inside the caller's transaction."""
+        try:
+            text = json.dumps(payload, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidEnqueue(f"payload is not JSON-serializable: {exc}") from None
+        problem = jsonb_problem(text)
+        if problem:
+            raise InvalidEnqueue(f"payload contains {problem}, which PostgreSQL's jsonb "
+                                 "cannot store")
+        params = {"event_type": event_type, "payload": text,
+                  "endpoint_id": _uuid(endpoint_id) if endpoint_id is not None else None,
+                  "idempotency_key": idempotency_key}
+        try:
+            async with self._conn(conn) as c:
+                row = await self._one(c, self._app.queries.webhook_message_send, params)
+        except psycopg.DatabaseError as exc:
+            translated = translate_db_error(exc)
+            if translated is exc:
+                raise
+            raise translated from None
+        assert row is not None  # noqa: S101 - the function returns one row
+        return SentMessage(row["message_id"], row["created"], row["deliveries"])
+
+    @property
+    def max_attempts(self) -> int:
+        """The scheduled attempts a delivery gets: one per ``webhooks.retry_schedule_s`` entry
+        (as configured in this process; workers should agree)."""
+        return len(self.settings.retry_schedule_s)
+
+    async def message(self, message_id: str, *, conn: AnyConn | None = None) -> dict[str, Any]:
+        """The message with its deliveries (one per endpoint): ``attempts`` scheduled attempts
+        made of ``max_attempts``."""
+        q = self._app.queries
+        async with self._conn(conn) as c:
+            row = await self._one(c, q.webhook_message_get, {"id": message_id})
+            if row is None:
+                raise WebhookNotFound(f"no webhook message {message_id}")
+            deliveries = await self._all(c, q.webhook_delivery_list, {"message_id": message_id})
+        return {**row, "deliveries": [{**d, "max_attempts": self.max_attempts}
+                                      for d in deliveries]}
+
+    async def attempts(self, message_id: str, *, limit: int = ATTEMPTS_LISTED,
+                       conn: AnyConn | None = None) -> list[dict[str, Any]]:
+        """Every attempt of the message, oldest first. ``attempt`` counts per delivery and
+        trigger: scheduled attempts 1..``max_attempts`` (the schedule's length; a recovery
+        starts again at 1), manual resends 1, 2, ... (``max_attempts`` None: no retries)."""
+        async with self._conn(conn) as c:
+            rows = await self._all(c, self._app.queries.webhook_attempt_list,
+                                   {"message_id": message_id, "limit": limit})
+        return [{**r, "max_attempts": self.max_attempts if r["trigger"] == "scheduled"
+                 else None} for r in rows]
+
+    async def tries(self, runs: Sequence[Run], *,
+                    conn: AnyConn | None = None) -> dict[UUID, tuple[int, int]]:
+        """Per ``webhook.deliver`` run among ``runs``: (attempts it made, attempts it may make):
+        the schedule's length for a scheduled run, 1 for a manual resend. The run's own
+        ``attempts`` / ``max_attempts`` (0/100 after two failed attempts) count executions: a
+        scheduled retry is a snooze, which does not count, and 100 only stops a crash loop."""
+        mine = {r.id: r.input for r in runs
+                if r.job_type == DELIVER and isinstance(r.input, dict)}
+        if not mine:
+            return {}
+        async with self._conn(conn) as c:
+            rows = await self._all(c, self._app.queries.webhook_attempt_count_by_run, {
+                "message_ids": sorted({str(i.get("message_id")) for i in mine.values()}),
+                "run_ids": list(mine)})
+        made = {r["run_id"]: r["n"] for r in rows}
+        return {run_id: (made.get(run_id, 0),
+                         1 if data.get("trigger") == "manual" else self.max_attempts)
+                for run_id, data in mine.items()}
+
+    async def resend(self, message_id: str, *, endpoint_id: UUID | str | None = None,
+                     conn: AnyConn | None = None) -> list[dict[str, Any]]:
+        """A manual attempt (its own run, no retries on failure) per delivery of the message,
+        or to one endpoint. Returns ``[{"endpoint_id", "run_id"}]``."""
+        async with self._conn(conn) as c:
+            rows = await self._all(c, self._app.queries.webhook_delivery_resend, {
+                "message_id": message_id,
+                "endpoint_id": _uuid(endpoint_id) if endpoint_id is not None else None})
+        if not rows:
+            raise WebhookNotFound(f"no delivery of webhook message {message_id}"
+                                  + (f" to endpoint {endpoint_id}" if endpoint_id else ""))
+        return rows
+
+    async def recover(self, endpoint_id: UUID | str, since: datetime, *, limit: int = 10_000,
+                      conn: AnyConn | None = None) -> list[dict[str, Any]]:
+        """Re-enqueue the endpoint's failed deliveries whose last attempt was at or after
+        ``since`` (a fresh series of scheduled attempts each). Returns them."""
+        endpoint = await self.get_endpoint(endpoint_id, conn=conn)
+        async with self._conn(conn) as c:
+            return await self._all(c, self._app.queries.webhook_delivery_recover, {
+                "endpoint_id": endpoint.id, "since": since, "limit": limit,
+                "now": self._now()})
+
+
+def _row_of(endpoint: Endpoint) -> dict[str, Any]:
+    return {"id": endpoint.id, "url": endpoint.url, "description": endpoint.description,
+            "event_types": endpoint.event_types, "headers": endpoint.headers,
+            "disabled_at": endpoint.disabled_at, "disabled_reason": endpoint.disabled_reason,
+            "failing_since": endpoint.failing_since, "created_at": endpoint.created_at,
+            "updated_at": endpoint.updated_at, "valid_secrets": endpoint.valid_secrets}
+
+
+def _uuid(value: UUID | str) -> UUID:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(str(value))
+    except ValueError:
+        raise WebhookNotFound(f"not an endpoint id (UUID): {value!r}") from None
+

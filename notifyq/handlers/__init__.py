@@ -1,1 +1,0 @@
-"""notifyq's built-in job types."""
