@@ -28,7 +28,6 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 from pydantic_settings import NoDecode
 
 from notifyq import Settings
@@ -57,7 +56,7 @@ class Entry:
     default: str
     description: str
     literal: Any
-    """The default value itself (``PydanticUndefined`` when required)."""
+    """The default value itself (None when the setting is required)."""
     stated: str | None
     """The default as the description states it ("1 day", "lease_s / 3"); None: required."""
 
@@ -121,11 +120,17 @@ def _entry(path: tuple[str, ...], name: str, field: FieldInfo, docstring: str, *
                          f"('Defaults to ….' or 'Required.'), got {text!r}")
     description = text[:match.start()].strip()
     stated = None if match["required"] else match["text"].strip()
-    literal = field.get_default(call_default_factory=True)
+    required = field.is_required()
+    if required != (stated is None):
+        raise ValueError(f"{dotted}: the description says it "
+                         f"{'is required' if stated is None else 'has a default'}; the field "
+                         f"{'is required' if required else 'has a default'}")
+    literal = None if required else field.get_default(call_default_factory=True)
     env = None if in_list else _env((*path, name))
     return Entry(dotted, env, (SHORTHANDS[dotted],) if dotted in SHORTHANDS else (),
                  "" if in_list else _env_form(field), _type(field.annotation, field.metadata),
-                 _default(literal, stated), description, literal, stated)
+                 "required" if stated is None else _default(literal, stated),
+                 description, literal, stated)
 
 
 def _env(path: tuple[str, ...]) -> str:
@@ -262,10 +267,8 @@ def _normal(text: str) -> str:
     return text.strip("\"'` ").lower()
 
 
-def _default(literal: Any, stated: str | None) -> str:
+def _default(literal: Any, stated: str) -> str:
     """The literal default, then what the description adds to it ("1 day", "plus …")."""
-    if literal is PydanticUndefined or stated is None:
-        return "required"
     said = _clean(stated)
     if literal is None or (literal == [] and _normal(said).startswith("none")):
         return said

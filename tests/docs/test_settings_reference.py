@@ -37,6 +37,21 @@ COMPANIONS = {"keys": {"NOTIFYQ_ACTIVE_KEY_VERSION": "1"},
               "key_file": {"NOTIFYQ_ACTIVE_KEY_VERSION": "1"}}
 
 
+class _Undocumented(BaseModel):
+    size: int = 10
+    """How big."""
+
+
+class _Misstated(BaseModel):
+    size: int = 10
+    """How big. Defaults to 20."""
+
+
+class _SaysRequired(BaseModel):
+    size: int = 10
+    """How big. Required."""
+
+
 def test_the_settings_reference_is_the_generators_output() -> None:
     assert REFERENCE.read_text() == render(), (
         f"docs/settings.md is out of date: regenerate it with `{REGENERATE}`")
@@ -116,3 +131,14 @@ def test_the_check_mode_fails_on_a_stale_reference_and_says_how_to_regenerate_it
     assert main(["--check", str(stale)]) == 1
     assert main(["--check", str(tmp_path / "missing.md")]) == 1
     assert "python -m notifyq._settings_reference >" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    (_Undocumented, "must end by stating the default"),
+    (_Misstated, "the default is 20; the field's is 10"),
+    (_SaysRequired, "says it is required; the field has a default"),
+])
+def test_a_description_that_omits_or_misstates_the_default_is_refused(
+        model: type[BaseModel], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        sections(model)
