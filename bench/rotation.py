@@ -17,10 +17,16 @@ import anyio
 import psycopg
 
 from notifyq import App, Keyring
+from notifyq._crypto.ciphertext import Context
 from notifyq._db import migrate as migrations
-from notifyq._keys.ciphertext import Context
-from notifyq._keys.reencrypt import ReencryptOptions, Reencryptor
+from notifyq._keys.reencrypt import BatchHook, ReencryptOptions, Reencryptor
 from notifyq._settings import Settings
+
+
+def _reencryptor(app: App, on_batch: BatchHook | None = None) -> Reencryptor:
+    """The App's ``secret.reencrypt`` handler, built apart so a test can hook its batches."""
+    return Reencryptor(app._runtime, app.keys, app._columns, on_batch=on_batch)
+
 
 DATABASE = "notifyq_bench_rotation"
 K1, K2 = os.urandom(32), os.urandom(32)
@@ -54,7 +60,7 @@ async def _rotate(dsn: str, batch_size: int) -> tuple[float, dict[str, object]]:
             await migrations.migrate(conn, "notifyq")
             run, _ = await app.keys.rotate(conn, batch_size=batch_size)
         started = time.perf_counter()
-        out = await Reencryptor(app).rotate(run.id, ReencryptOptions(target_version=2,
+        out = await _reencryptor(app).rotate(run.id, ReencryptOptions(target_version=2,
                                                                      batch_size=batch_size))
         return time.perf_counter() - started, out
 

@@ -9,24 +9,29 @@ Example::
     @app.handler("email.send", retry=RetryPolicy(attempts=5))
     async def send_email(ctx: JobContext) -> dict:
         ...
+
+Everything a user needs is imported from here; the modules behind it (``notifyq._*``) are
+private and may change in any release.
 """
+
+from importlib.metadata import PackageNotFoundError, version
 
 from notifyq._app import App
 from notifyq._clock import Clock, ManualClock, SystemClock
 from notifyq._context import JobContext
-from notifyq._dispatch.retry import RetryPolicy
-from notifyq._durable.policies import ConcurrencyPolicy, DedupePolicy, Scope
+from notifyq._control import Stats
+from notifyq._crypto.keyring import Keyring
 from notifyq._durable.session import ChildRun
-from notifyq._enqueue.validate import EnqueueRequest
+from notifyq._enqueue.request import EnqueueRequest
 from notifyq._errors import (
     ChildFailed,
     ConcurrencyRejected,
     ConfigError,
     DatabaseUnavailable,
     DecryptionFailed,
+    InvalidEndpoint,
     InvalidEnqueue,
     InvalidTransition,
-    LeaseLost,
     NotifyqError,
     PayloadTooLarge,
     Permanent,
@@ -39,11 +44,19 @@ from notifyq._errors import (
     UnknownJobType,
     UnknownKeyVersion,
     WaitTimeout,
+    WebhookNotFound,
 )
 from notifyq._keys.columns import EncryptedColumn
-from notifyq._keys.keyring import Keyring
+from notifyq._policies import ConcurrencyPolicy, DedupePolicy, RetryPolicy, Scope
 from notifyq._run import Run, RunInfo, RunStatus
 from notifyq._settings import Settings
+from notifyq._webhooks.endpoints import Endpoint
+from notifyq._webhooks.service import SentMessage
+
+try:
+    __version__ = version("notifyq")
+except PackageNotFoundError:  # pragma: no cover - imported from a checkout, never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "App",
@@ -57,12 +70,13 @@ __all__ = [
     "DecryptionFailed",
     "DedupePolicy",
     "EncryptedColumn",
+    "Endpoint",
     "EnqueueRequest",
+    "InvalidEndpoint",
     "InvalidEnqueue",
     "InvalidTransition",
     "JobContext",
     "Keyring",
-    "LeaseLost",
     "ManualClock",
     "NotifyqError",
     "PayloadTooLarge",
@@ -76,11 +90,15 @@ __all__ = [
     "RunStatus",
     "SchemaError",
     "Scope",
+    "SentMessage",
     "Settings",
     "Snooze",
+    "Stats",
     "StepError",
     "SystemClock",
     "UnknownJobType",
     "UnknownKeyVersion",
     "WaitTimeout",
+    "WebhookNotFound",
+    "__version__",
 ]

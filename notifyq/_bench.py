@@ -52,9 +52,9 @@ from psycopg import sql
 
 from notifyq._app import App
 from notifyq._context import JobContext
-from notifyq._durable.policies import ConcurrencyPolicy
-from notifyq._enqueue.validate import EnqueueRequest
-from notifyq._errors import NotifyqError
+from notifyq._enqueue.request import EnqueueRequest
+from notifyq._errors import BenchError
+from notifyq._policies import ConcurrencyPolicy
 from notifyq._settings import load_settings
 
 SECTIONS = ("enqueue", "bulk", "drain", "latency", "sql", "durable")
@@ -81,8 +81,6 @@ SELECT count(*) AS total,
 FROM {schema}.job_run"""
 
 
-class BenchError(NotifyqError):
-    """The benchmark could not run, or a drain did not complete every run exactly once."""
 
 
 @dataclass(frozen=True)
@@ -262,7 +260,7 @@ class Bench:
         queued, claims = self.sizes.keyed_queued, self.sizes.keyed_claims
         await self.app.enqueue_many([{"job_type": KEYED_TYPE, "input": {"k": "hot"},
                                       "concurrency_key": "hot"} for _ in range(queued + 1)])
-        q = self.app.queries
+        q = self.app._runtime.queries
         params = {"now": None, "pool": "default", "limit": 10, "worker_id": "bench",
                   "lease_s": 60.0}
         async with (await self.app.pool()).connection() as conn:
@@ -431,7 +429,7 @@ class Bench:
                                          for i in range(start, min(start + 1000, n))])
 
     async def _claim_complete(self, connections: int) -> None:
-        q, db = self.app.queries, await self.app.pool()
+        q, db = self.app._runtime.queries, await self.app.pool()
         claim = {"now": None, "pool": "default", "limit": self.sizes.sql_batch,
                  "worker_id": "bench", "lease_s": 30.0}
 

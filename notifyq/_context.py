@@ -7,9 +7,8 @@ from collections.abc import Callable, MutableMapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from notifyq._dispatch.retry import RetryPolicy
-from notifyq._durable.policies import ClosePolicy
 from notifyq._durable.session import ChildRun, DurableSession
+from notifyq._policies import ClosePolicy, RetryPolicy
 from notifyq._run import RunInfo
 
 

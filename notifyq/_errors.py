@@ -13,15 +13,23 @@ The tree, rooted at :class:`NotifyqError`::
     ├── ConcurrencyRejected    the concurrency key is busy and its policy is "reject"
     ├── ChildFailed            a child run awaited by ctx.wait_for did not complete
     ├── StepError              a step was misused (id used twice, output not JSON)
+    ├── WaitTimeout            a durable wait (signal or children) passed its deadline
     ├── RunNotFound            no run with that id
     ├── InvalidTransition      the run is not in a state that allows the operation
-    ├── LeaseLost              internal: a fenced write-back matched no row
     ├── DecryptionFailed       a ciphertext does not decrypt (corrupted, or another row's)
     │   ├── UnknownKeyVersion  its key version is not configured here
     │   └── RetiredKeyVersion  its key version was retired
     ├── RotationInProgress     a key rotation to another version is still pending or running
     ├── InvalidEndpoint        a webhook endpoint (URL, headers, event types, secret) is refused
-    └── WebhookNotFound        no webhook endpoint or message with that id
+    ├── WebhookNotFound        no webhook endpoint or message with that id
+    │
+    │   internal: raised and handled inside notifyq, never exported
+    ├── LeaseLost              a fenced write-back matched no row (dropped, never retried)
+    ├── CompleterClosedError   the worker stopped before a write-back was made
+    ├── StaleWriters           a rotation keeps finding old key versions (its run retries)
+    ├── BlockedAddress         a webhook destination is not public (an attempt's error kind)
+    ├── ResolutionFailed       a webhook destination did not resolve (an attempt's error kind)
+    └── BenchError             `notifyq bench` could not run, or lost or doubled a run
 
 Handlers raise :class:`Permanent` (dead-letter at once) or :class:`Snooze` (run later, attempt
 not counted); those are signals, not errors of notifyq.
@@ -177,3 +185,28 @@ class InvalidEndpoint(NotifyqError, ValueError):
 
 class WebhookNotFound(NotifyqError, LookupError):
     """No webhook endpoint or message has that id."""
+
+
+# -- internal ------------------------------------------------------------------------------
+
+
+class CompleterClosedError(NotifyqError):
+    """The completer stopped before this write could be made (the run's lease will expire)."""
+
+
+class StaleWriters(NotifyqError):
+    """Rows keep reappearing under old key versions: some writer still encrypts with an old
+    active version. Deploy NOTIFYQ_ACTIVE_KEY_VERSION everywhere; the run's retry resumes."""
+
+
+class BenchError(NotifyqError):
+    """The benchmark could not run, or a drain did not complete every run exactly once."""
+
+
+class BlockedAddress(NotifyqError):
+    """A webhook destination resolves to an address that is not public. Allow its range
+    explicitly with ``webhooks.allowed_networks`` if it is yours."""
+
+
+class ResolutionFailed(NotifyqError):
+    """The destination's hostname did not resolve."""

@@ -10,16 +10,16 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from notifyq._context import JobContext
-from notifyq._dispatch.retry import RetryPolicy
-from notifyq._durable.policies import (
+from notifyq._enqueue.validate import JOB_TYPE, POOL
+from notifyq._errors import ConfigError
+from notifyq._policies import (
     ConcurrencyPolicy,
     DedupePolicy,
     ReplayFrom,
+    RetryPolicy,
     Scope,
     template_of,
 )
-from notifyq._enqueue.validate import JOB_TYPE, POOL
-from notifyq._errors import ConfigError
 
 log = logging.getLogger("notifyq")
 

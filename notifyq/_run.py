@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import traceback
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
@@ -10,6 +12,12 @@ from enum import StrEnum
 from itertools import repeat
 from typing import Any
 from uuid import UUID
+
+RUN_STATUSES = ("pending", "running", "waiting", "completed", "failed", "timed_out", "canceled")
+LIVE_STATUSES = ("pending", "running", "waiting")
+DEDUPE_STATES = (*LIVE_STATUSES, "completed")
+"""What a dedupe key matches by default: live runs whatever their age, completed ones within
+the window. Failed, timed-out and canceled runs do not block enqueueing the key again."""
 
 
 class RunStatus(StrEnum):
@@ -126,3 +134,30 @@ class RunInfo:
     @property
     def last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
+
+
+STACK_LIMIT = 8_000
+
+
+MESSAGE_LIMIT = 2_000
+
+
+def error_json(error: BaseException, attempt: int, retryable: bool) -> str:
+    """A run's (or a step's) stored error: ``{message, type, stack, retryable, attempt}``."""
+    stack = "".join(traceback.format_exception(error))
+    return stored_json({
+        "message": str(error)[:MESSAGE_LIMIT] or type(error).__name__,
+        "type": f"{type(error).__module__}.{type(error).__qualname__}",
+        "stack": stack[-STACK_LIMIT:],
+        "retryable": retryable,
+        "attempt": attempt,
+    })
+
+
+def stored_json(value: dict[str, Any]) -> str:
+    """An error record as jsonb can store it."""
+    # Error messages and stacks may carry U+0000 or unpaired surrogates, which jsonb refuses
+    # (failing the whole batch): replace them.
+    clean = {k: v.replace("\x00", "\ufffd").encode(errors="replace").decode()
+             if isinstance(v, str) else v for k, v in value.items()}
+    return json.dumps(clean, separators=(",", ":"), default=str)

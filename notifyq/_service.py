@@ -87,7 +87,8 @@ async def serve(app: App, options: ServeOptions) -> int:
                 worker.executor.observer = lambda e, outcome, s: state.metrics.observe(
                     e, outcome, s, now=app.clock.now())
                 state.worker = worker
-                app.deliverer.observer = state.metrics.webhook_attempt
+                if app._deliverer is not None:
+                    app._deliverer.observer = state.metrics.webhook_attempt
             if options.api:
                 main.start_soon(_serve_api, app, state, host, port, stop)
             else:

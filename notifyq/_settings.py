@@ -235,6 +235,12 @@ class EmbeddedSettings(_Section):
 class WebhookSettings(_Section):
     """Webhook delivery (``webhook.deliver``): timeouts, retries, the SSRF guard."""
 
+    enabled: bool | None = None
+    """Whether this process installs webhooks (``app.webhooks``, the ``webhook.deliver``
+    handler and a producer for the ``webhooks`` pool); true without a keyring is an error.
+    Defaults to none: enabled when a keyring is configured (endpoint secrets are stored
+    encrypted), so a worker without keys does not poll a pool nobody uses."""
+
     allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """CIDRs the SSRF guard lets through although they are not public (e.g.
     ``NOTIFYQ_WEBHOOKS__ALLOWED_NETWORKS=127.0.0.0/8,::1/128``, or a JSON list). Defaults to
@@ -388,7 +394,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_keys(self) -> Settings:
-        from notifyq._keys.keyring import configured_keys
+        from notifyq._crypto.keyring import configured_keys
 
         keys = self.keys.get_secret_value() if self.keys is not None else None
         configured_keys(keys, self.key_file, self.active_key_version)

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from notifyq import App, Keyring
-from notifyq._keys.ciphertext import Context
+from notifyq._crypto.ciphertext import Context
 from tests.conftest import fast_settings
 
 KEY1 = os.urandom(32)

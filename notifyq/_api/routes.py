@@ -11,18 +11,19 @@ from fastapi.responses import JSONResponse
 
 from notifyq._api import schemas
 from notifyq._app import App
-from notifyq._enqueue.validate import JOB_TYPE, POOL, EnqueueRequest
+from notifyq._enqueue.request import EnqueueRequest
+from notifyq._enqueue.validate import JOB_TYPE, POOL
 from notifyq._errors import ConfigError, InvalidEnqueue, PayloadTooLarge
 from notifyq._http.auth import Authenticator
 from notifyq._http.gate import SchemaGate
-from notifyq._http.problems import MEDIA_TYPE, problem
+from notifyq._http.problems import problem
+from notifyq._http.schemas import responses_for
 from notifyq._run import Run, RunStatus
+from notifyq._webhooks.routes import add_webhook_routes
 
 DETAIL_LIMIT = 1000  # most steps / children shown with a job
 
 
-def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {code: {"model": schemas.Problem, "content": {MEDIA_TYPE: {}}} for code in codes}
 
 
 AUTH = (401, 403)
@@ -44,7 +45,7 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
     @router.post("/jobs", dependencies=admin, status_code=201, response_model=schemas.RunOut,
                  responses={200: {"model": schemas.RunOut,
                                   "description": "a run with this dedupe_key exists"},
-                            **_problems(400, 409, 413, 422, *AUTH)},
+                            **responses_for(400, 409, 413, 422, *AUTH)},
                  summary="Enqueue a run")
     async def enqueue(body: schemas.EnqueueIn,
                       allow_unknown_type: AllowUnknownType = None) -> JSONResponse:
@@ -58,7 +59,7 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
         return JSONResponse(_run(run), status_code=201 if new else 200)
 
     @router.post("/jobs/batch", dependencies=admin, status_code=201,
-                 response_model=schemas.BatchOut, responses=_problems(400, 413, 422, *AUTH),
+                 response_model=schemas.BatchOut, responses=responses_for(400, 413, 422, *AUTH),
                  summary="Enqueue many runs in one transaction")
     async def enqueue_batch(body: schemas.BatchIn,
                             allow_unknown_type: AllowUnknownType = None) -> dict[str, Any]:
@@ -69,16 +70,17 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
         return {"items": [_run(r) for r in runs]}
 
     @router.get("/jobs/{id}", dependencies=read, response_model=schemas.RunDetail,
-                responses=_problems(404, 422, *AUTH), summary="A run with its steps and children")
+                responses=responses_for(404, 422, *AUTH),
+                summary="A run with its steps and children")
     async def get_job(id: UUID) -> dict[str, Any]:
         db = await app.pool()
         async with db.connection() as conn:
-            detail = await app.runs.detail(conn, id, limit=DETAIL_LIMIT)
+            detail = await app._control.detail(conn, id, limit=DETAIL_LIMIT)
         return {**_run(detail.run), "steps": detail.steps,
                 "children": [_run(c) for c in detail.children]}
 
     @router.get("/jobs", dependencies=read, response_model=schemas.RunPage,
-                responses=_problems(422, *AUTH), summary="Runs, newest first")
+                responses=responses_for(422, *AUTH), summary="Runs, newest first")
     async def list_jobs(  # noqa: PLR0917 - one parameter per query filter
         status: RunStatus | None = None,
         type: Annotated[str | None, Query(pattern=JOB_TYPE.pattern)] = None,
@@ -103,26 +105,26 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
                 "next_cursor": str(runs[-1].id) if len(runs) == limit else None}
 
     @router.post("/jobs/{id}/cancel", dependencies=admin, response_model=schemas.RunOut,
-                 responses=_problems(404, 409, 422, *AUTH),
+                 responses=responses_for(404, 409, 422, *AUTH),
                  summary="Cancel a pending or waiting run; ask a running one to stop")
     async def cancel(id: UUID) -> dict[str, Any]:
         return _run(await app.cancel(id))
 
     @router.post("/jobs/{id}/retry", dependencies=admin, response_model=schemas.RunOut,
-                 responses=_problems(404, 409, 422, *AUTH),
+                 responses=responses_for(404, 409, 422, *AUTH),
                  summary="Put a failed, canceled or timed-out run back in line")
     async def retry(id: UUID) -> dict[str, Any]:
         return _run(await app.retry(id))
 
     @router.get("/stats", dependencies=read, response_model=schemas.StatsOut,
-                responses=_problems(*AUTH), summary="Counts by type, pool and status")
+                responses=responses_for(*AUTH), summary="Counts by type, pool and status")
     async def stats() -> dict[str, Any]:
         return (await app.stats()).to_json()
 
     _add_signals(router, app, admin)
     _add_keys(router, app, read, admin)
-    from notifyq._webhooks.routes import add_webhook_routes
-    add_webhook_routes(router, app, read, admin)
+    if app._webhooks is not None:  # only what this server does is in its OpenAPI document
+        add_webhook_routes(router, app, read, admin)
     return router
 
 
@@ -134,7 +136,7 @@ def _add_signals(router: APIRouter, app: App, admin: list[Any]) -> None:
         return
 
     @router.post("/signals/{token}", dependencies=admin, status_code=202,
-                 response_model=schemas.SignalOut, responses=_problems(400, 413, 422, *AUTH),
+                 response_model=schemas.SignalOut, responses=responses_for(400, 413, 422, *AUTH),
                  summary="Signal the run waiting on a token (queued for the next wait if none)")
     async def send_signal(
         token: Annotated[str, Path(min_length=1, max_length=512, pattern=r"^[^\x00]+$")],
@@ -155,7 +157,7 @@ def _add_keys(router: APIRouter, app: App, read: list[Any], admin: list[Any]) ->
     if keys is None:
         return
 
-    @router.get("/keys", dependencies=read, responses=_problems(409, *AUTH),
+    @router.get("/keys", dependencies=read, responses=responses_for(409, *AUTH),
                 summary="Key versions, rows per version and the latest rotation")
     async def key_status() -> Any:
         async with (await app.pool()).connection() as conn:
@@ -165,7 +167,7 @@ def _add_keys(router: APIRouter, app: App, read: list[Any], admin: list[Any]) ->
                 return problem(409, str(exc), field="keys")
 
     @router.post("/admin/rotate-key", dependencies=admin, status_code=202,
-                 response_model=schemas.RotationOut, responses=_problems(409, *AUTH),
+                 response_model=schemas.RotationOut, responses=responses_for(409, *AUTH),
                  summary="Re-encrypt to the active key version (idempotent)")
     async def rotate_key() -> Any:
         async with (await app.pool()).connection() as conn:
@@ -176,7 +178,7 @@ def _add_keys(router: APIRouter, app: App, read: list[Any], admin: list[Any]) ->
         return {"run_id": str(run.id), "created": created, "run": _run(run)}
 
     @router.post("/admin/keys/{version}/retire", dependencies=admin,
-                 responses=_problems(409, 422, *AUTH),
+                 responses=responses_for(409, 422, *AUTH),
                  summary="Retire a key version no row uses any more")
     async def retire_key(version: Annotated[int, Path(ge=1, le=2_147_483_647)]) -> Any:
         async with (await app.pool()).connection() as conn:

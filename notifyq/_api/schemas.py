@@ -6,23 +6,11 @@ from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from notifyq._enqueue.validate import MAX_DEDUPE_KEY_LEN, MAX_TAG_LEN, MAX_TAGS
+from notifyq._http.schemas import Text
 
-
-def _storable(value: str) -> str:
-    """PostgreSQL text holds neither NUL nor unpaired surrogates: refuse them here (422)."""
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode (no unpaired surrogates)") from None
-    return value
-
-
-Text = Annotated[str, AfterValidator(_storable)]
 JsonValue = dict[str, Any] | list[Any]
 
 
@@ -136,17 +124,6 @@ class RotationOut(BaseModel):
     run_id: UUID
     created: bool = Field(description="false: a rotation to this version was already running")
     run: RunOut
-
-
-class Problem(BaseModel):
-    """RFC 9457 problem details (``application/problem+json``)."""
-
-    type: str = "about:blank"
-    title: str
-    status: int
-    detail: str
-    field: str | None = None
-    errors: list[dict[str, str]] | None = None
 
 
 class Health(BaseModel):

@@ -24,13 +24,11 @@ from notifyq._clock import Clock
 from notifyq._db.pool import AsyncConn
 from notifyq._db.queries import Queries
 from notifyq._dispatch.outcome import Outcome
-from notifyq._errors import LeaseLost, NotifyqError
+from notifyq._errors import CompleterClosedError, LeaseLost
 
 log = logging.getLogger("notifyq.completer")
 
 
-class CompleterClosedError(NotifyqError):
-    """The completer stopped before this write could be made (the run's lease will expire)."""
 
 
 @dataclass(eq=False)

@@ -31,9 +31,9 @@ from notifyq._dispatch.outcome import (
     TimedOut,
     decide,
 )
-from notifyq._dispatch.retry import RetryPolicy
 from notifyq._durable.session import DurableSession, Suspend
 from notifyq._errors import LeaseLost, UnknownJobType
+from notifyq._policies import RetryPolicy
 from notifyq._registry import HandlerSpec, Registry
 from notifyq._run import RunInfo
 

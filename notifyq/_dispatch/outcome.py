@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import json
 import random
-import traceback
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from notifyq._dispatch.retry import RetryPolicy
 from notifyq._enqueue.validate import jsonb_problem
 from notifyq._errors import ChildFailed, Permanent, Snooze, StepError, WaitTimeout
-from notifyq._run import RunInfo, RunStatus
-
-STACK_LIMIT = 8_000
-MESSAGE_LIMIT = 2_000
+from notifyq._policies import RetryPolicy
+from notifyq._run import RunInfo, RunStatus, error_json, stored_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +111,7 @@ def decide(
         case TimedOut(timeout_s):
             return _retry(run, policy, now, rng, _timeout_json(run, timeout_s, True))
         case Canceled():
-            return Outcome(RunStatus.CANCELED, error=_json({
+            return Outcome(RunStatus.CANCELED, error=stored_json({
                 "message": "canceled while running", "type": "Canceled",
                 "retryable": False, "attempt": run.attempt}))
         case Released():
@@ -130,19 +126,10 @@ def _retry(
     return Outcome(RunStatus.PENDING, error=error, run_at=now + timedelta(seconds=delay))
 
 
-def error_json(error: BaseException, attempt: int, retryable: bool) -> str:
-    stack = "".join(traceback.format_exception(error))
-    return _json({
-        "message": str(error)[:MESSAGE_LIMIT] or type(error).__name__,
-        "type": f"{type(error).__module__}.{type(error).__qualname__}",
-        "stack": stack[-STACK_LIMIT:],
-        "retryable": retryable,
-        "attempt": attempt,
-    })
 
 
 def _timeout_json(run: RunInfo, timeout_s: float, retryable: bool) -> str:
-    return _json({"message": f"timed out after {timeout_s:g} s", "type": "TimeoutError",
+    return stored_json({"message": f"timed out after {timeout_s:g} s", "type": "TimeoutError",
                   "retryable": retryable, "attempt": run.attempt})
 
 
@@ -161,9 +148,3 @@ def _dump_output(output: Any) -> str | None:
     return text
 
 
-def _json(value: dict[str, Any]) -> str:
-    # Error messages and stacks may carry U+0000 or unpaired surrogates, which jsonb refuses
-    # (failing the whole batch): replace them.
-    clean = {k: v.replace("\x00", "\ufffd").encode(errors="replace").decode()
-             if isinstance(v, str) else v for k, v in value.items()}
-    return json.dumps(clean, separators=(",", ":"), default=str)

@@ -31,12 +31,12 @@ from psycopg_pool import AsyncConnectionPool
 
 from notifyq._db.pool import AsyncConn
 from notifyq._db.queries import Queries
-from notifyq._dispatch.outcome import error_json
-from notifyq._dispatch.retry import RetryPolicy
-from notifyq._durable.policies import ClosePolicy, ReplayFrom
-from notifyq._enqueue.validate import encode_input, new_run_id, translated_errors
+from notifyq._enqueue.ids import new_run_id
+from notifyq._enqueue.refusals import translated_errors
+from notifyq._enqueue.validate import encode_input
 from notifyq._errors import ChildFailed, LeaseLost, StepError, WaitTimeout
-from notifyq._run import RunInfo, RunStatus
+from notifyq._policies import ClosePolicy, ReplayFrom, RetryPolicy
+from notifyq._run import RunInfo, RunStatus, error_json
 
 FOREVER = datetime(2999, 12, 31, tzinfo=UTC)
 """The run_at of a wait without a deadline (woken by its children or its signal)."""

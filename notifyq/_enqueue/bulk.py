@@ -37,13 +37,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from notifyq._enqueue.validate import (
-    EnqueueRequest,
-    Prepared,
-    check_request,
-    input_encoder,
-    new_run_ids,
-)
+from notifyq._enqueue.ids import new_run_ids
+from notifyq._enqueue.request import EnqueueRequest, Prepared, check_request
+from notifyq._enqueue.validate import input_encoder
 from notifyq._run import Run, RunStatus, runs_from_columns
 
 Resolved = tuple[str | None, int | None, int | None]

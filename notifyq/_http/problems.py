@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from notifyq._errors import (
     ConcurrencyRejected,
+    ConfigError,
     DatabaseUnavailable,
     InvalidEnqueue,
     InvalidTransition,
@@ -100,6 +101,12 @@ async def _busy(_: Request, exc: Exception) -> ProblemResponse:
     return problem(409, str(exc), field="concurrency_key")
 
 
+async def _config(_: Request, exc: Exception) -> ProblemResponse:
+    """This server's configuration does not allow the request (e.g. webhooks without a
+    keyring): the message says what to configure."""
+    return problem(409, str(exc))
+
+
 async def _schema(_: Request, exc: Exception) -> ProblemResponse:
     return problem(503, str(exc))
 
@@ -127,6 +134,7 @@ def install(api: FastAPI) -> None:
     api.add_exception_handler(InvalidTransition, _transition)
     api.add_exception_handler(RotationInProgress, _transition)
     api.add_exception_handler(SchemaError, _schema)
+    api.add_exception_handler(ConfigError, _config)
     api.add_exception_handler(ConcurrencyRejected, _busy)
     api.add_exception_handler(InvalidEnqueue, _invalid)
 

@@ -7,19 +7,20 @@ Every method takes the caller's connection (autocommit) and opens its own short 
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 import psycopg
 from psycopg.rows import dict_row
 
+from notifyq._control import RunControl
+from notifyq._crypto.keyring import Keyring
+from notifyq._enqueue.request import EnqueueRequest
+from notifyq._enqueue.write import Enqueuer
 from notifyq._errors import ConfigError, InvalidTransition, RotationInProgress
-from notifyq._keys.columns import ColumnQueries, EncryptedColumn
-from notifyq._keys.keyring import Keyring
+from notifyq._keys.columns import ColumnQueries, EncryptedColumn, EncryptedColumns
 from notifyq._run import Run
-
-if TYPE_CHECKING:
-    from notifyq._app import App
+from notifyq._runtime import Runtime
 
 AnyConn = psycopg.AsyncConnection[Any]
 
@@ -30,14 +31,18 @@ FAILURES_LISTED = 100
 class KeyAdmin:
     """``app.keys``: the database side of the keyring."""
 
-    def __init__(self, app: App) -> None:
-        self._app = app
-        self._queries = app.queries
+    def __init__(self, runtime: Runtime, columns: EncryptedColumns, enqueuer: Enqueuer,
+                 control: RunControl) -> None:
+        self._rt = runtime
+        self._queries = runtime.queries
+        self._columns = columns
+        self._enqueuer = enqueuer
+        self._control = control
 
     async def sync(self, conn: AnyConn, keyring: Keyring | None = None) -> Keyring:
         """Record the check value of every configured version not seen before, refuse a key
         that differs from the one that encrypted existing data, and load retirements."""
-        keyring = keyring or self._app.keyring
+        keyring = keyring or self._rt.keyring
         checks = keyring.check_values()
         q = self._queries
         async with conn.cursor(row_factory=dict_row) as cur:
@@ -63,7 +68,7 @@ class KeyAdmin:
     async def counts(self, conn: AnyConn) -> list[dict[str, Any]]:
         """Rows per key version of every registered column."""
         out = []
-        for column in self._app.encrypted_columns:
+        for column in self._columns:
             cq = await self.column_queries(conn, column)
             async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(cq.version_counts)
@@ -75,7 +80,7 @@ class KeyAdmin:
     async def status(self, conn: AnyConn) -> dict[str, Any]:
         """Configured and known versions, the active one, per-column counts by version and the
         latest rotation with its progress. JSON-ready."""
-        keyring = self._app.keyring if self._app.has_keyring else None
+        keyring = self._rt.keyring if self._rt.has_keyring else None
         if keyring is not None:
             await self.sync(conn, keyring)
         async with conn.cursor(row_factory=dict_row) as cur:
@@ -138,8 +143,9 @@ class KeyAdmin:
                         f"a rotation to key version {active['target_version']} is still "
                         f"{active['status']} (run {active['run_id']}); wait for it or cancel it "
                         f"before rotating to version {target}")
-                return await self._app.runs.get(conn, active["run_id"]), False
-            run = await self._app.enqueue(REENCRYPT, options, conn=conn)
+                return await self._control.get(conn, active["run_id"]), False
+            run, _ = await self._enqueuer.enqueue(
+                EnqueueRequest(job_type=REENCRYPT, input=options), conn=conn)
             await conn.execute(q.key_rotation_register, {
                 "run_id": run.id, "target_version": target, "now": None})
         return run, True
@@ -147,7 +153,7 @@ class KeyAdmin:
     async def retire(self, conn: AnyConn, version: int) -> dict[str, Any]:
         """Retire ``version``: refused while it is active or any registered row uses it; after
         it, the version no longer decrypts (in every process, from its next key check)."""
-        keyring = self._app.keyring if self._app.has_keyring else None
+        keyring = self._rt.keyring if self._rt.has_keyring else None
         if keyring is not None:
             await self.sync(conn, keyring)
             if version == keyring.active_version:

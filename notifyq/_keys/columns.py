@@ -19,9 +19,9 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from notifyq._crypto.ciphertext import Context
 from notifyq._db.queries import Queries
 from notifyq._errors import ConfigError
-from notifyq._keys.ciphertext import Context
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 

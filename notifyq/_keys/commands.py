@@ -14,6 +14,15 @@ import sys
 from typing import Any
 
 from notifyq._app import App
+from notifyq._console import (
+    EXIT_TIMEOUT,
+    Parser,
+    load_app,
+    print_json,
+    run_async,
+    session,
+    table,
+)
 from notifyq._db.pool import AsyncConn
 from notifyq._errors import NotifyqError
 from notifyq._keys.watch import RotationWatch, report_for
@@ -21,10 +30,8 @@ from notifyq._run import Run, RunStatus
 
 
 def add_keys_parser(sub: Any) -> None:
-    from notifyq._cli.main import _Parser
-
     keys = sub.add_parser("keys", help="master keys: status, rotate, retire")
-    actions = keys.add_subparsers(dest="action", required=True, parser_class=_Parser,
+    actions = keys.add_subparsers(dest="action", required=True, parser_class=Parser,
                                   metavar="status|rotate|retire")
     status = actions.add_parser("status", help="key versions, rows per version per column, "
                                                "and the latest rotation")
@@ -50,12 +57,10 @@ def add_keys_parser(sub: Any) -> None:
 
 
 def _with_app(args: argparse.Namespace, fn: Any) -> int:
-    from notifyq._cli.main import _session, load_app, run_async
-
     app = load_app(args.app)
 
     async def go() -> int:
-        async with _session(app) as conn:
+        async with session(app) as conn:
             result: int = await fn(app, conn)
             return result
     return run_async(go)
@@ -80,8 +85,6 @@ def _seconds(text: str) -> float:
 
 
 def cmd_keys_rotate(args: argparse.Namespace) -> int:
-    from notifyq._cli.main import EXIT_TIMEOUT
-
     if args.timeout is not None and not args.wait:
         raise NotifyqError("--timeout only applies with --wait")
 
@@ -95,12 +98,12 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
             _emit(args, {"run_id": str(run.id), "created": created,
                          "target_version": target}, lambda: str(run.id))
             return 0
-        watch = RotationWatch(app, conn, run.id, report_for(sys.stderr),
+        watch = RotationWatch(app._runtime, app.keys, conn, run.id, report_for(sys.stderr),
                               start_hint=_worker_command(args))
         if not await watch.follow(args.timeout):
             _say(f"notifyq: error: {watch.timeout_message(args.timeout)}")
             return EXIT_TIMEOUT
-        run = await app.runs.get(conn, run.id)
+        run = await app._control.get(conn, run.id)
         status = await app.keys.status(conn)
         failures = await app.keys.failures(conn, run.id)
         _emit(args, {"run": run.to_json(), "status": status, "undecryptable": failures},
@@ -130,27 +133,23 @@ def _say(text: str) -> None:
 
 
 def _emit(args: argparse.Namespace, data: Any, text: Any) -> None:
-    from notifyq._cli.main import _print_json
-
     if args.json:
-        _print_json(data)
+        print_json(data)
     else:
         print(text())
 
 
 def status_text(status: dict[str, Any]) -> str:
-    from notifyq._cli.main import _table
-
     lines = []
     versions = [[str(v["version"]), _flags(v), v["first_seen_at"] or "-"]
                 for v in status["versions"]]
-    lines.append(_table(["VERSION", "STATE", "FIRST SEEN"], versions) if versions
+    lines.append(table(["VERSION", "STATE", "FIRST SEEN"], versions) if versions
                  else "no key versions")
     if status["columns"]:
         rows = [[c["column"], str(c["rows"]),
                  ", ".join(f"v{v}: {n}" for v, n in c["by_version"].items()) or "-",
                  str(c["remaining"])] for c in status["columns"]]
-        lines.append(_table(["COLUMN", "ROWS", "BY VERSION", "NOT ON ACTIVE"], rows))
+        lines.append(table(["COLUMN", "ROWS", "BY VERSION", "NOT ON ACTIVE"], rows))
     else:
         lines.append("no encrypted columns registered")
     rotation = status["rotation"]

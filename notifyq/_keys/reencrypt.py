@@ -30,13 +30,14 @@ import psycopg
 from psycopg.rows import dict_row
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from notifyq._errors import DecryptionFailed, NotifyqError, Permanent
-from notifyq._keys.admin import REENCRYPT, progress_json
-from notifyq._keys.columns import ColumnQueries, EncryptedColumn
-from notifyq._keys.keyring import Keyring
+from notifyq._crypto.keyring import Keyring
+from notifyq._db.queries import Queries
+from notifyq._errors import DecryptionFailed, Permanent, StaleWriters
+from notifyq._keys.admin import REENCRYPT, KeyAdmin, progress_json
+from notifyq._keys.columns import ColumnQueries, EncryptedColumn, EncryptedColumns
+from notifyq._runtime import Runtime
 
 if TYPE_CHECKING:
-    from notifyq._app import App
     from notifyq._context import JobContext
 
 log = logging.getLogger("notifyq.reencrypt")
@@ -81,9 +82,6 @@ class Batch:
 BatchHook = Callable[[Batch], Awaitable[None]]
 
 
-class StaleWriters(NotifyqError):
-    """Rows keep reappearing under old key versions: some writer still encrypts with an old
-    active version. Deploy NOTIFYQ_ACTIVE_KEY_VERSION everywhere; the run's retry resumes."""
 
 
 class Reencryptor:
@@ -92,8 +90,11 @@ class Reencryptor:
     ``rotate(run_id, options)`` is the whole job and what tests call; ``on_batch`` runs inside
     each batch's transaction between the read and the swap (a test signal)."""
 
-    def __init__(self, app: App, *, on_batch: BatchHook | None = None) -> None:
-        self._app = app
+    def __init__(self, runtime: Runtime, keys: KeyAdmin, columns: EncryptedColumns, *,
+                 on_batch: BatchHook | None = None) -> None:
+        self._rt = runtime
+        self._keys = keys
+        self._columns = columns
         self._on_batch = on_batch
 
     async def handle(self, ctx: JobContext) -> dict[str, Any]:
@@ -105,33 +106,32 @@ class Reencryptor:
         return await self.rotate(ctx.run.id, options)
 
     async def rotate(self, run_id: UUID, options: ReencryptOptions) -> dict[str, Any]:
-        app = self._app
-        async with (await app.pool()).connection() as conn:
-            keyring = await app.keys.sync(conn)
+        async with self._rt.connection() as conn:
+            keyring = await self._keys.sync(conn)
             if keyring.active_version != options.target_version:
                 raise RuntimeError(
                     f"this worker's active key version is {keyring.active_version} but the "
                     f"rotation targets {options.target_version}: deploy "
                     f"NOTIFYQ_ACTIVE_KEY_VERSION={options.target_version} to every worker")
-            await conn.execute(app.queries.key_rotation_register, {
+            await conn.execute(self._rt.queries.key_rotation_register, {
                 "run_id": run_id, "target_version": options.target_version, "now": None})
             columns = []
-            for column in app.encrypted_columns:
-                cq = await app.keys.column_queries(conn, column)
+            for column in self._columns:
+                cq = await self._keys.column_queries(conn, column)
                 columns.append(await _ColumnRotation(
-                    conn, app, keyring, cq, run_id=run_id, options=options,
+                    conn, self._rt.queries, keyring, cq, run_id=run_id, options=options,
                     on_batch=self._on_batch).run())
-            failures = await app.keys.failures(conn, run_id, FAILURES_IN_OUTPUT + 1)
+            failures = await self._keys.failures(conn, run_id, FAILURES_IN_OUTPUT + 1)
         return {"target_version": options.target_version, "columns": columns,
                 "undecryptable": failures[:FAILURES_IN_OUTPUT],
                 "undecryptable_truncated": len(failures) > FAILURES_IN_OUTPUT}
 
 
 class _ColumnRotation:
-    def __init__(self, conn: AnyConn, app: App, keyring: Keyring, cq: ColumnQueries, *,
+    def __init__(self, conn: AnyConn, queries: Queries, keyring: Keyring, cq: ColumnQueries, *,
                  run_id: UUID, options: ReencryptOptions, on_batch: BatchHook | None) -> None:
         self.conn = conn
-        self.q = app.queries
+        self.q = queries
         self.keyring = keyring
         self.cq = cq
         self.column = cq.column

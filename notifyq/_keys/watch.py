@@ -37,8 +37,9 @@ from notifyq._keys.admin import REENCRYPT
 from notifyq._run import RunStatus
 
 if TYPE_CHECKING:
-    from notifyq._app import App
     from notifyq._db.pool import AsyncConn
+    from notifyq._keys.admin import KeyAdmin
+    from notifyq._runtime import Runtime
 
 WAIT_POLL_S = 0.5
 NO_WORKER_AFTER_S = 5.0
@@ -298,22 +299,24 @@ class RotationWatch:
     ``start_hint`` is how to start a worker (``notifyq worker --app …``), used in the no-worker
     line."""
 
-    def __init__(self, app: App, conn: AsyncConn, run_id: UUID, report: Report, *,
+    def __init__(self, runtime: Runtime, keys: KeyAdmin, conn: AsyncConn, run_id: UUID,
+                 report: Report, *,
                  start_hint: str) -> None:
-        self.app = app
+        self.runtime = runtime
+        self.keys = keys
         self.conn = conn
         self.run_id = run_id
         self.report = report
         self.start_hint = start_hint
-        self.clock = app.clock.monotonic
+        self.clock = runtime.clock.monotonic
         self.last: Poll | None = None
         self._noted: str | None = None
         self._failures_noted = 0
 
     async def poll(self) -> Poll:
         async with self.conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(self.app.queries.key_rotation_watch,
-                              {"run_id": self.run_id, "now": self.app.clock.db_now()})
+            await cur.execute(self.runtime.queries.key_rotation_watch,
+                              {"run_id": self.run_id, "now": self.runtime.clock.db_now()})
             row = await cur.fetchone()
         if row is None:
             raise NotifyqError(f"rotation run {self.run_id} no longer exists (deleted or purged)")
@@ -326,7 +329,7 @@ class RotationWatch:
         await self.conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
         try:
             async with self.conn.transaction():
-                status = await self.app.keys.status(self.conn)
+                status = await self.keys.status(self.conn)
                 first = await self.poll()
         finally:
             await self.conn.set_isolation_level(None)

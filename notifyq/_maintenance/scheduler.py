@@ -18,7 +18,8 @@ from psycopg_pool import AsyncConnectionPool
 from notifyq._clock import Clock
 from notifyq._db.pool import AsyncConn
 from notifyq._db.queries import Queries
-from notifyq._enqueue.validate import encode_input, new_run_id
+from notifyq._enqueue.ids import new_run_id
+from notifyq._enqueue.validate import encode_input
 from notifyq._registry import PeriodicSpec
 
 log = logging.getLogger("notifyq.scheduler")

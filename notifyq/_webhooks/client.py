@@ -20,8 +20,9 @@ from typing import Literal
 import anyio
 import httpx
 
+from notifyq._errors import BlockedAddress, ResolutionFailed
 from notifyq._settings import WebhookSettings
-from notifyq._webhooks.ssrf import BlockedAddress, ResolutionFailed, Resolver
+from notifyq._webhooks.ssrf import Resolver
 from notifyq._webhooks.transport import describe, transport_for
 
 ErrorKind = Literal["timeout", "connect", "dns", "tls", "blocked"]

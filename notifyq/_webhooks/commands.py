@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from notifyq._app import App
+from notifyq._console import Parser, load_app, run_async, session, table, when
 from notifyq._db.pool import AsyncConn
 from notifyq._errors import InvalidEndpoint
 from notifyq._webhooks.endpoints import Endpoint
@@ -22,12 +23,10 @@ from notifyq._webhooks.service import SentMessage
 
 
 def add_webhooks_parser(sub: Any) -> None:
-    from notifyq._cli.main import _Parser
-
     hooks = sub.add_parser("webhooks", help="webhook endpoints, messages and attempts")
-    actions = hooks.add_subparsers(dest="action", required=True, parser_class=_Parser,
+    actions = hooks.add_subparsers(dest="action", required=True, parser_class=Parser,
                                    metavar="endpoints|send|attempts|resend|recover")
-    _add_endpoints(actions, _Parser)
+    _add_endpoints(actions, Parser)
 
     send = actions.add_parser("send", help="send a message by event type (or to one "
                                            "endpoint); prints its id")
@@ -103,12 +102,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace, fn: Any) -> int:
-    from notifyq._cli.main import _session, load_app, run_async
-
     app = load_app(args.app)
 
     async def go() -> int:
-        async with _session(app) as conn:
+        async with session(app) as conn:
             result: int = await fn(app, conn)
             return result
     return run_async(go)
@@ -245,12 +242,10 @@ def cmd_attempts(args: argparse.Namespace) -> int:
 
 def attempts_text(rows: list[dict[str, Any]], deliveries: list[dict[str, Any]]) -> str:
     """A table of the attempts, then one line per delivery: where it stands."""
-    from notifyq._cli.main import _table, _when
-
     parts = []
     if rows:
-        parts.append(_table(["WHEN", "ATTEMPT", "RESULT", "DURATION", "ENDPOINT"], [
-            [_when(r["created_at"]), attempt_label(r),
+        parts.append(table(["WHEN", "ATTEMPT", "RESULT", "DURATION", "ENDPOINT"], [
+            [when(r["created_at"]), attempt_label(r),
              str(r["status_code"] or r["error_kind"]), f"{r['duration_ms']:.1f} ms",
              str(r["endpoint_id"])] for r in rows]))
     else:
@@ -268,8 +263,6 @@ def attempt_label(row: dict[str, Any]) -> str:
 
 
 def _delivery_line(delivery: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    from notifyq._cli.main import _when
-
     mine = [r for r in rows if r["endpoint_id"] == delivery["endpoint_id"]]
     manual = sum(1 for r in mine if r["trigger"] == "manual")
     status, made, limit = delivery["status"], delivery["attempts"], delivery["max_attempts"]
@@ -279,7 +272,7 @@ def _delivery_line(delivery: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         else f"{status} before any scheduled attempt")
     scheduled = [r for r in mine if r["trigger"] == "scheduled"]
     if delivery["status"] == "pending" and scheduled and scheduled[-1]["next_attempt_at"]:
-        line += f", next at {_when(scheduled[-1]['next_attempt_at'])}"
+        line += f", next at {when(scheduled[-1]['next_attempt_at'])}"
     if manual:
         line += f", and {_plural(manual, 'manual resend')}"
     return line

@@ -38,8 +38,9 @@ from notifyq._webhooks.schedule import Decision, decide
 from notifyq._webhooks.signing import secret_key, signature_header
 
 if TYPE_CHECKING:
-    from notifyq._app import App
     from notifyq._context import JobContext
+    from notifyq._keys.columns import EncryptedColumn
+    from notifyq._runtime import Runtime
     from notifyq._webhooks.client import AttemptResult, WebhookClient
     from notifyq._webhooks.ssrf import Resolver
 
@@ -60,14 +61,15 @@ _STATUS_AFTER = {"succeeded": "succeeded", "retry": "pending", "failed": "failed
 
 
 class Deliverer:
-    """The ``webhook.deliver`` handler, registered by every App (pool ``webhooks``).
+    """The ``webhook.deliver`` handler (pool ``webhooks``), installed when webhooks are enabled.
 
     ``deliver(message_id, endpoint_id)`` is one attempt and what tests call directly; a
     ``resolver`` replaces DNS (tests), ``rng`` the jitter's randomness."""
 
-    def __init__(self, app: App, *, resolver: Resolver | None = None,
-                 rng: random.Random | None = None) -> None:
-        self._app = app
+    def __init__(self, runtime: Runtime, secret_column: EncryptedColumn, *,
+                 resolver: Resolver | None = None, rng: random.Random | None = None) -> None:
+        self._rt = runtime
+        self._secret_column = secret_column
         self.resolver = resolver
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
         self._client: WebhookClient | None = None
@@ -88,7 +90,7 @@ class Deliverer:
         if self._client is None:
             from notifyq._webhooks.client import WebhookClient
 
-            self._client = WebhookClient(self._app.settings.webhooks, resolver=self.resolver)
+            self._client = WebhookClient(self._rt.settings.webhooks, resolver=self.resolver)
         return self._client
 
     async def aclose(self) -> None:
@@ -112,7 +114,7 @@ class Deliverer:
 
     async def deliver(self, message_id: str, endpoint_id: UUID, *, trigger: str = "scheduled",
                       run_id: UUID | None = None) -> dict[str, Any]:
-        app = self._app
+        app = self._rt
         q = app.queries
         scheduled = trigger == "scheduled"
         now = app.clock.now()
@@ -150,7 +152,7 @@ class Deliverer:
                                   timestamp=timestamp, result=result, decision=decision)
 
     async def _load_many(self, keys: list[tuple[str, UUID]]) -> list[dict[str, Any] | None]:
-        app = self._app
+        app = self._rt
         async with (await app.pool()).connection() as conn:
             rows = await (await conn.execute(app.queries.webhook_delivery_load_many, {
                 "message_ids": [m for m, _ in keys], "endpoint_ids": [e for _, e in keys],
@@ -159,7 +161,7 @@ class Deliverer:
         return [found.get(n) for n in range(1, len(keys) + 1)]
 
     async def _record_many(self, items: list[dict[str, Any]]) -> list[datetime | None]:
-        app = self._app
+        app = self._rt
         params: dict[str, Any] = {plural: [i[name] for i in items]
                                   for name, plural in _RECORD_COLUMNS.items()}
         params["now"] = app.clock.db_now()
@@ -178,8 +180,8 @@ class Deliverer:
         return None
 
     def _keys(self, row: dict[str, Any]) -> list[bytes]:
-        keyring = self._app.keyring
-        column = self._app.webhooks.secret_column
+        keyring = self._rt.keyring
+        column = self._secret_column
         cache = self._signing_keys
         keys = []
         for secret_id, stored in zip(row["secret_ids"], row["ciphertexts"], strict=True):
@@ -201,7 +203,7 @@ class Deliverer:
     async def _record(self, row: dict[str, Any], *, run_id: UUID | None, trigger: str,
                       attempt: int, timestamp: int, result: AttemptResult,
                       decision: Decision) -> dict[str, Any]:
-        app = self._app
+        app = self._rt
         settings = app.settings.webhooks
         scheduled = trigger == "scheduled"
         now = app.clock.now()
@@ -237,8 +239,8 @@ class Deliverer:
                             disabled=disable)
 
     async def _disable(self, conn: Any, endpoint_id: UUID, reason: str) -> None:
-        q = self._app.queries
-        now = self._app.clock.db_now()
+        q = self._rt.queries
+        now = self._rt.clock.db_now()
         async with conn.transaction():
             await conn.execute(q.webhook_endpoint_disable, {"id": endpoint_id,
                                                             "reason": reason, "now": now})

@@ -14,21 +14,16 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from notifyq._api.schemas import Problem, Text
 from notifyq._app import App
 from notifyq._errors import ConfigError, InvalidEndpoint, InvalidEnqueue, WebhookNotFound
-from notifyq._http.problems import MEDIA_TYPE, problem
+from notifyq._http.problems import problem
+from notifyq._http.schemas import Text, responses_for
 from notifyq._webhooks.endpoints import MAX_URL_LENGTH
 
 MESSAGE_ID = r"^[A-Za-z0-9_-]{1,64}$"
 Header = dict[Annotated[str, Field(max_length=256)], Annotated[Text, Field(max_length=4096)]]
 
 
-def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """Problem responses: ``codes`` plus what any request may get (unparsable or too large a
-    body, a bad path or query value)."""
-    return {code: {"model": Problem, "content": {MEDIA_TYPE: {}}}
-            for code in sorted({*codes, 400, 413, 422})}
 
 
 class _In(BaseModel):
@@ -124,38 +119,37 @@ async def _answer(call: Callable[[], Awaitable[Any]]) -> Any:
 
 def add_webhook_routes(router: APIRouter, app: App, read: list[Any],
                        admin: list[Any]) -> None:
-    hooks = app.webhooks
     auth = (401, 403)
 
     @router.post("/webhooks/endpoints", dependencies=admin, status_code=201,
-                 response_model=EndpointOut, responses=_problems(409, 422, *auth),
+                 response_model=EndpointOut, responses=responses_for(409, 422, *auth),
                  tags=["webhooks"], summary="Create an endpoint (its secret is shown once)")
     async def create_endpoint(body: EndpointIn) -> Any:
         async def go() -> Any:
-            endpoint = await hooks.create_endpoint(
+            endpoint = await app.webhooks.create_endpoint(
                 body.url, description=body.description, event_types=body.event_types,
                 headers=body.headers, secret=body.secret, enabled=body.enabled)
             return JSONResponse(endpoint.to_json(), status_code=201)
         return await _answer(go)
 
     @router.get("/webhooks/endpoints", dependencies=read, response_model=EndpointPage,
-                responses=_problems(422, *auth), tags=["webhooks"], summary="Endpoints")
+                responses=responses_for(422, *auth), tags=["webhooks"], summary="Endpoints")
     async def list_endpoints(
         enabled: bool | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         cursor: UUID | None = None,
     ) -> Any:
-        items = await hooks.list_endpoints(enabled=enabled, limit=limit, after=cursor)
+        items = await app.webhooks.list_endpoints(enabled=enabled, limit=limit, after=cursor)
         return {"items": [e.to_json() for e in items],
                 "next_cursor": str(items[-1].id) if len(items) == limit else None}
 
     @router.get("/webhooks/endpoints/{id}", dependencies=read, response_model=EndpointOut,
-                responses=_problems(404, 422, *auth), tags=["webhooks"], summary="An endpoint")
+                responses=responses_for(404, 422, *auth), tags=["webhooks"], summary="An endpoint")
     async def get_endpoint(id: UUID) -> Any:
-        return await _answer(lambda: _json(hooks.get_endpoint(id)))
+        return await _answer(lambda: _json(app.webhooks.get_endpoint(id)))
 
     @router.patch("/webhooks/endpoints/{id}", dependencies=admin, response_model=EndpointOut,
-                  responses=_problems(404, 422, *auth), tags=["webhooks"],
+                  responses=responses_for(404, 422, *auth), tags=["webhooks"],
                   summary="Change an endpoint; enabled=false disables it (pending deliveries "
                           "stop), true enables it")
     async def patch_endpoint(id: UUID, body: EndpointPatch) -> Any:
@@ -165,40 +159,40 @@ def add_webhook_routes(router: APIRouter, app: App, read: list[Any],
                                        ("url", "description", "headers") if k in given}
             if "event_types" in given:
                 changes["event_types"] = body.event_types
-            endpoint = await hooks.update_endpoint(id, **changes)
+            endpoint = await app.webhooks.update_endpoint(id, **changes)
             if body.enabled is True:
-                endpoint = await hooks.enable_endpoint(id)
+                endpoint = await app.webhooks.enable_endpoint(id)
             elif body.enabled is False:
-                endpoint = await hooks.disable_endpoint(id, "disabled through the admin API")
+                endpoint = await app.webhooks.disable_endpoint(id, "disabled through the admin API")
             return endpoint.to_json()
         return await _answer(go)
 
     @router.delete("/webhooks/endpoints/{id}", dependencies=admin, status_code=204,
                    response_model=None, response_class=Response,
-                   responses=_problems(404, 422, *auth), tags=["webhooks"],
+                   responses=responses_for(404, 422, *auth), tags=["webhooks"],
                    summary="Delete an endpoint with its deliveries and attempts")
     async def delete_endpoint(id: UUID) -> Response:
         async def go() -> Any:
-            await hooks.delete_endpoint(id)
+            await app.webhooks.delete_endpoint(id)
             return Response(status_code=204)
         answer: Response = await _answer(go)
         return answer
 
     @router.post("/webhooks/endpoints/{id}/rotate-secret", dependencies=admin,
-                 response_model=EndpointOut, responses=_problems(404, 409, 422, *auth),
+                 response_model=EndpointOut, responses=responses_for(404, 409, 422, *auth),
                  tags=["webhooks"],
                  summary="A new secret (shown once); the old one signs during the grace period")
     async def rotate_secret(id: UUID, body: RotateIn | None = None) -> Any:
         options = body or RotateIn()
-        return await _answer(lambda: _json(hooks.rotate_secret(
+        return await _answer(lambda: _json(app.webhooks.rotate_secret(
             id, secret=options.secret, grace_s=options.grace_s)))
 
     @router.post("/webhooks/endpoints/{id}/recover", dependencies=admin, status_code=202,
-                 responses=_problems(404, 422, *auth), tags=["webhooks"],
+                 responses=responses_for(404, 422, *auth), tags=["webhooks"],
                  summary="Re-enqueue the endpoint's failed deliveries since a time")
     async def recover(id: UUID, body: RecoverIn) -> Any:
         async def go() -> Any:
-            rows = await hooks.recover(id, body.since)
+            rows = await app.webhooks.recover(id, body.since)
             return JSONResponse({"recovered": len(rows), "items": [
                 {"message_id": r["message_id"], "run_id": str(r["run_id"])} for r in rows]},
                 status_code=202)
@@ -208,36 +202,36 @@ def add_webhook_routes(router: APIRouter, app: App, read: list[Any],
                  response_model=MessageOut,
                  responses={200: {"model": MessageOut,
                                   "description": "a message with this idempotency_key exists"},
-                            **_problems(413, 422, *auth)},
+                            **responses_for(413, 422, *auth)},
                  tags=["webhooks"], summary="Send a message to one endpoint or by event type")
     async def send(body: MessageIn) -> Any:
         async def go() -> Any:
-            sent = await hooks.send(body.event_type, body.payload,
+            sent = await app.webhooks.send(body.event_type, body.payload,
                                     endpoint_id=body.endpoint_id,
                                     idempotency_key=body.idempotency_key)
             return JSONResponse(sent.to_json(), status_code=201 if sent.created else 200)
         return await _answer(go)
 
     @router.get("/webhooks/messages/{id}", dependencies=read,
-                responses=_problems(404, *auth), tags=["webhooks"],
+                responses=responses_for(404, *auth), tags=["webhooks"],
                 summary="A message with its deliveries")
     async def get_message(id: Annotated[str, PathParam(pattern=MESSAGE_ID)]) -> Any:
-        return await _answer(lambda: _jsonable(hooks.message(id)))
+        return await _answer(lambda: _jsonable(app.webhooks.message(id)))
 
     @router.get("/webhooks/messages/{id}/attempts", dependencies=read,
-                responses=_problems(*auth), tags=["webhooks"],
+                responses=responses_for(*auth), tags=["webhooks"],
                 summary="Every attempt of a message, oldest first")
     async def attempts(id: Annotated[str, PathParam(pattern=MESSAGE_ID)]) -> Any:
-        return {"items": [_plain(r) for r in await hooks.attempts(id)]}
+        return {"items": [_plain(r) for r in await app.webhooks.attempts(id)]}
 
     @router.post("/webhooks/messages/{id}/resend", dependencies=admin, status_code=202,
-                 responses=_problems(404, 422, *auth), tags=["webhooks"],
+                 responses=responses_for(404, 422, *auth), tags=["webhooks"],
                  summary="A manual attempt (no retries) to every endpoint of the message, or "
                          "one")
     async def resend(id: Annotated[str, PathParam(pattern=MESSAGE_ID)],
                      body: ResendIn | None = None) -> Any:
         async def go() -> Any:
-            rows = await hooks.resend(id, endpoint_id=(body or ResendIn()).endpoint_id)
+            rows = await app.webhooks.resend(id, endpoint_id=(body or ResendIn()).endpoint_id)
             return JSONResponse({"items": [_plain(r) for r in rows]}, status_code=202)
         return await _answer(go)
 

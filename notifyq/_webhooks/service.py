@@ -15,27 +15,28 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from notifyq._enqueue.validate import jsonb_problem, translate_db_error
+from notifyq._crypto.keyring import Keyring
+from notifyq._enqueue.refusals import translate_db_error
+from notifyq._enqueue.validate import jsonb_problem
 from notifyq._errors import ConfigError, InvalidEndpoint, InvalidEnqueue, WebhookNotFound
-from notifyq._keys.columns import EncryptedColumn
+from notifyq._keys.columns import EncryptedColumn, EncryptedColumns
 from notifyq._run import Run
+from notifyq._runtime import Runtime
+from notifyq._settings import WebhookSettings
 from notifyq._webhooks import endpoints as checks
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.signing import generate_secret, secret_key
-
-if TYPE_CHECKING:
-    from notifyq._app import App
 
 AnyConn = psycopg.AsyncConnection[Any]
 
@@ -59,23 +60,18 @@ class SentMessage:
 
 
 class Webhooks:
-    def __init__(self, app: App) -> None:
-        self._app = app
-        self.secret_column: EncryptedColumn = app.encrypted_columns.register(
-            f"{app.settings.schema_name}.{SECRET_TABLE}", pk="id", column="ciphertext",
+    def __init__(self, runtime: Runtime, columns: EncryptedColumns) -> None:
+        self._rt = runtime
+        self.secret_column: EncryptedColumn = columns.register(
+            f"{runtime.settings.schema_name}.{SECRET_TABLE}", pk="id", column="ciphertext",
             builtin=True)
 
     @property
-    def settings(self) -> Any:
-        return self._app.settings.webhooks
+    def settings(self) -> WebhookSettings:
+        return self._rt.settings.webhooks
 
-    @asynccontextmanager
-    async def _conn(self, conn: AnyConn | None) -> AsyncIterator[AnyConn]:
-        if conn is not None:
-            yield conn
-            return
-        async with (await self._app.pool()).connection() as own:
-            yield own
+    def _conn(self, conn: AnyConn | None) -> AbstractAsyncContextManager[AnyConn]:
+        return self._rt.connection(conn)
 
     async def _one(self, conn: AnyConn, query: str,
                    params: dict[str, Any]) -> dict[str, Any] | None:
@@ -90,7 +86,7 @@ class Webhooks:
             return await cur.fetchall()
 
     def _now(self) -> datetime | None:
-        return self._app.clock.db_now()
+        return self._rt.clock.db_now()
 
     # -- endpoints --------------------------------------------------------------------------
 
@@ -106,7 +102,7 @@ class Webhooks:
         secret = self._secret(secret)
         keyring = self._keyring()
         async with self._conn(conn) as c, c.transaction():
-            row = await self._one(c, self._app.queries.webhook_endpoint_insert, {
+            row = await self._one(c, self._rt.queries.webhook_endpoint_insert, {
                 "url": url, "description": description or "", "event_types": event_types,
                 "headers": Jsonb(headers), "enabled": enabled, "now": self._now()})
             assert row is not None  # noqa: S101 - INSERT ... RETURNING
@@ -122,24 +118,24 @@ class Webhooks:
             raise InvalidEndpoint(f"secret: {exc}") from None
         return secret
 
-    def _keyring(self) -> Any:
-        if not self._app.has_keyring:
+    def _keyring(self) -> Keyring:
+        if not self._rt.has_keyring:
             raise ConfigError("webhook secrets are stored encrypted: configure a keyring "
                               "(NOTIFYQ_KEYS and NOTIFYQ_ACTIVE_KEY_VERSION)")
-        return self._app.keyring
+        return self._rt.keyring
 
     async def _store_secret(self, conn: AnyConn, keyring: Any, endpoint_id: UUID,
                             secret: str) -> None:
         secret_id = uuid.uuid4()
         blob = keyring.encrypt(secret.encode(), self.secret_column.context(secret_id))
-        await conn.execute(self._app.queries.webhook_secret_insert, {
+        await conn.execute(self._rt.queries.webhook_secret_insert, {
             "id": secret_id, "endpoint_id": endpoint_id, "ciphertext": blob,
             "now": self._now()})
 
     async def get_endpoint(self, endpoint_id: UUID | str, *,
                            conn: AnyConn | None = None) -> Endpoint:
         async with self._conn(conn) as c:
-            row = await self._one(c, self._app.queries.webhook_endpoint_get,
+            row = await self._one(c, self._rt.queries.webhook_endpoint_get,
                                   {"id": _uuid(endpoint_id), "now": self._now()})
         if row is None:
             raise WebhookNotFound(f"no webhook endpoint {endpoint_id}")
@@ -149,7 +145,7 @@ class Webhooks:
                              after: UUID | None = None,
                              conn: AnyConn | None = None) -> list[Endpoint]:
         async with self._conn(conn) as c:
-            rows = await self._all(c, self._app.queries.webhook_endpoint_list, {
+            rows = await self._all(c, self._rt.queries.webhook_endpoint_list, {
                 "after": after, "enabled": enabled, "limit": limit, "now": self._now()})
         return [Endpoint.from_row(r) for r in rows]
 
@@ -168,12 +164,12 @@ class Webhooks:
                   "event_types": types,
                   "headers": Jsonb(checks.check_headers(headers)) if headers is not None
                   else None}
-        return await self._write(self._app.queries.webhook_endpoint_update, params, conn)
+        return await self._write(self._rt.queries.webhook_endpoint_update, params, conn)
 
     async def disable_endpoint(self, endpoint_id: UUID | str, reason: str = "disabled by hand",
                                *, conn: AnyConn | None = None) -> Endpoint:
         """Disable the endpoint: its pending deliveries stop (their runs are canceled)."""
-        q = self._app.queries
+        q = self._rt.queries
         async with self._conn(conn) as c, c.transaction():
             endpoint = await self._write(q.webhook_endpoint_disable, {
                 "id": _uuid(endpoint_id), "reason": reason, "now": self._now()}, c)
@@ -184,14 +180,14 @@ class Webhooks:
 
     async def enable_endpoint(self, endpoint_id: UUID | str, *,
                               conn: AnyConn | None = None) -> Endpoint:
-        return await self._write(self._app.queries.webhook_endpoint_enable,
+        return await self._write(self._rt.queries.webhook_endpoint_enable,
                                  {"id": _uuid(endpoint_id), "now": self._now()}, conn)
 
     async def delete_endpoint(self, endpoint_id: UUID | str, *,
                               conn: AnyConn | None = None) -> None:
         """Delete the endpoint with its secrets, deliveries and attempts (pending deliveries
         are canceled first)."""
-        q = self._app.queries
+        q = self._rt.queries
         async with self._conn(conn) as c, c.transaction():
             await c.execute(q.webhook_delivery_cancel_pending, {
                 "endpoint_id": _uuid(endpoint_id), "reason": "endpoint deleted",
@@ -212,10 +208,10 @@ class Webhooks:
             raise InvalidEndpoint(f"grace_s must not be negative, got {grace}")
         endpoint = await self.get_endpoint(endpoint_id, conn=conn)
         async with self._conn(conn) as c, c.transaction():
-            expires = await self._one(c, self._app.queries.webhook_rotation_expiry,
+            expires = await self._one(c, self._rt.queries.webhook_rotation_expiry,
                                       {"now": self._now(), "grace_s": grace})
             assert expires is not None  # noqa: S101 - a SELECT of one row
-            await c.execute(self._app.queries.webhook_secret_expire, {
+            await c.execute(self._rt.queries.webhook_secret_expire, {
                 "endpoint_id": endpoint.id, "expires_at": expires["expires_at"]})
             await self._store_secret(c, keyring, endpoint.id, secret)
         fresh = await self.get_endpoint(endpoint.id, conn=conn)
@@ -250,7 +246,7 @@ class Webhooks:
                   "idempotency_key": idempotency_key}
         try:
             async with self._conn(conn) as c:
-                row = await self._one(c, self._app.queries.webhook_message_send, params)
+                row = await self._one(c, self._rt.queries.webhook_message_send, params)
         except psycopg.DatabaseError as exc:
             translated = translate_db_error(exc)
             if translated is exc:
@@ -268,7 +264,7 @@ class Webhooks:
     async def message(self, message_id: str, *, conn: AnyConn | None = None) -> dict[str, Any]:
         """The message with its deliveries (one per endpoint): ``attempts`` scheduled attempts
         made of ``max_attempts``."""
-        q = self._app.queries
+        q = self._rt.queries
         async with self._conn(conn) as c:
             row = await self._one(c, q.webhook_message_get, {"id": message_id})
             if row is None:
@@ -283,36 +279,22 @@ class Webhooks:
         trigger: scheduled attempts 1..``max_attempts`` (the schedule's length; a recovery
         starts again at 1), manual resends 1, 2, ... (``max_attempts`` None: no retries)."""
         async with self._conn(conn) as c:
-            rows = await self._all(c, self._app.queries.webhook_attempt_list,
+            rows = await self._all(c, self._rt.queries.webhook_attempt_list,
                                    {"message_id": message_id, "limit": limit})
         return [{**r, "max_attempts": self.max_attempts if r["trigger"] == "scheduled"
                  else None} for r in rows]
 
     async def tries(self, runs: Sequence[Run], *,
                     conn: AnyConn | None = None) -> dict[UUID, tuple[int, int]]:
-        """Per ``webhook.deliver`` run among ``runs``: (attempts it made, attempts it may make):
-        the schedule's length for a scheduled run, 1 for a manual resend. The run's own
-        ``attempts`` / ``max_attempts`` (0/100 after two failed attempts) count executions: a
-        scheduled retry is a snooze, which does not count, and 100 only stops a crash loop."""
-        mine = {r.id: r.input for r in runs
-                if r.job_type == DELIVER and isinstance(r.input, dict)}
-        if not mine:
-            return {}
-        async with self._conn(conn) as c:
-            rows = await self._all(c, self._app.queries.webhook_attempt_count_by_run, {
-                "message_ids": sorted({str(i.get("message_id")) for i in mine.values()}),
-                "run_ids": list(mine)})
-        made = {r["run_id"]: r["n"] for r in rows}
-        return {run_id: (made.get(run_id, 0),
-                         1 if data.get("trigger") == "manual" else self.max_attempts)
-                for run_id, data in mine.items()}
+        """:func:`delivery_tries` of ``runs``."""
+        return await delivery_tries(self._rt, runs, conn=conn)
 
     async def resend(self, message_id: str, *, endpoint_id: UUID | str | None = None,
                      conn: AnyConn | None = None) -> list[dict[str, Any]]:
         """A manual attempt (its own run, no retries on failure) per delivery of the message,
         or to one endpoint. Returns ``[{"endpoint_id", "run_id"}]``."""
         async with self._conn(conn) as c:
-            rows = await self._all(c, self._app.queries.webhook_delivery_resend, {
+            rows = await self._all(c, self._rt.queries.webhook_delivery_resend, {
                 "message_id": message_id,
                 "endpoint_id": _uuid(endpoint_id) if endpoint_id is not None else None})
         if not rows:
@@ -326,7 +308,7 @@ class Webhooks:
         ``since`` (a fresh series of scheduled attempts each). Returns them."""
         endpoint = await self.get_endpoint(endpoint_id, conn=conn)
         async with self._conn(conn) as c:
-            return await self._all(c, self._app.queries.webhook_delivery_recover, {
+            return await self._all(c, self._rt.queries.webhook_delivery_recover, {
                 "endpoint_id": endpoint.id, "since": since, "limit": limit,
                 "now": self._now()})
 
@@ -347,3 +329,22 @@ def _uuid(value: UUID | str) -> UUID:
     except ValueError:
         raise WebhookNotFound(f"not an endpoint id (UUID): {value!r}") from None
 
+
+async def delivery_tries(runtime: Runtime, runs: Sequence[Run], *,
+                         conn: AnyConn | None = None) -> dict[UUID, tuple[int, int]]:
+    """Per ``webhook.deliver`` run among ``runs``: (attempts it made, attempts it may make):
+    the schedule's length for a scheduled run, 1 for a manual resend. The run's own
+    ``attempts`` / ``max_attempts`` (0/100 after two failed attempts) count executions: a
+    scheduled retry is a snooze, which does not count, and 100 only stops a crash loop. Needs
+    no keyring: a process without webhooks enabled lists a server's webhook runs the same."""
+    mine = {r.id: r.input for r in runs if r.job_type == DELIVER and isinstance(r.input, dict)}
+    if not mine:
+        return {}
+    async with runtime.connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
+        await cur.execute(runtime.queries.webhook_attempt_count_by_run, {
+            "message_ids": sorted({str(i.get("message_id")) for i in mine.values()}),
+            "run_ids": list(mine)})
+        made = {r["run_id"]: r["n"] for r in await cur.fetchall()}
+    scheduled = len(runtime.settings.webhooks.retry_schedule_s)
+    return {run_id: (made.get(run_id, 0), 1 if data.get("trigger") == "manual" else scheduled)
+            for run_id, data in mine.items()}

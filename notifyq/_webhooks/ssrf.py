@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import anyio
 
-from notifyq._errors import NotifyqError
+from notifyq._errors import BlockedAddress, ResolutionFailed
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -69,13 +69,8 @@ _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _COMPATIBLE = ipaddress.IPv6Network("::/96")
 
 
-class BlockedAddress(NotifyqError):
-    """A webhook destination resolves to an address that is not public. Allow its range
-    explicitly with ``webhooks.allowed_networks`` if it is yours."""
 
 
-class ResolutionFailed(NotifyqError):
-    """The destination's hostname did not resolve."""
 
 
 def unwrap(address: IPAddress) -> IPAddress:

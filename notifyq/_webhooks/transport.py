@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from notifyq._errors import BlockedAddress
 from notifyq._settings import WebhookSettings
-from notifyq._webhooks.ssrf import BlockedAddress, Guard, Resolver, system_resolver
+from notifyq._webhooks.ssrf import Guard, Resolver, system_resolver
 
 Origin = tuple[str, str, int]
 Opener = Callable[..., Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]

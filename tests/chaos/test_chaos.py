@@ -206,9 +206,10 @@ class SkewedClock:
 
 
 def _worker(app: App, *, pools: list[str], maintenance: bool) -> Worker:
-    assert app._pool is not None
-    return Worker(db=app._pool, queries=app.queries, clock=app.clock, settings=app.settings,
-                  registry=app.registry, listen_dsn=app.settings.database_url,
+    db = app._runtime.opened
+    assert db is not None
+    return Worker(db=db, queries=app._runtime.queries, clock=app.clock, settings=app.settings,
+                  registry=app._registry, listen_dsn=app.settings.database_url,
                   concurrency=8, pools=pools, maintenance=maintenance)
 
 
@@ -244,7 +245,7 @@ async def test_a_skewed_host_clock_does_not_make_live_leases_look_expired(
             await eventually(b_leads_and_a_runs, timeout=10)
             # The reaper query with B's host time would reap them all: the skew is real.
             with sql.transaction(force_rollback=True):
-                would_reap = sql.execute(true_app.queries.job_run_reap_expired,
+                would_reap = sql.execute(true_app._runtime.queries.job_run_reap_expired,
                                          {"now": b._clock.now(), "limit": 100}).fetchall()
             assert len(would_reap) == 5
 

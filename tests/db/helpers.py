@@ -9,7 +9,7 @@ from uuid import UUID
 import psycopg
 
 from notifyq._db.queries import Queries
-from notifyq._enqueue.validate import EnqueueRequest, prepare
+from notifyq._enqueue.request import EnqueueRequest, prepare
 
 Conn = psycopg.Connection[dict[str, Any]]
 

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from notifyq._db.queries import Queries
-from notifyq._enqueue.validate import new_run_id
+from notifyq._enqueue.ids import new_run_id
 from tests.db.conftest import T0
 from tests.db.helpers import Conn, claim, enqueue, finish, get, no_waits, seconds
 

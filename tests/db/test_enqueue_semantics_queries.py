@@ -11,7 +11,8 @@ import psycopg
 import pytest
 
 from notifyq._db.queries import Queries
-from notifyq._enqueue.validate import EnqueueRequest, new_run_ids, prepare
+from notifyq._enqueue.ids import new_run_ids
+from notifyq._enqueue.request import EnqueueRequest, prepare
 from tests.db.conftest import T0
 from tests.db.helpers import DEFINITION, Conn, claim, enqueue, finish, get
 

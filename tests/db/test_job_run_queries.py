@@ -13,7 +13,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from notifyq._db.queries import Queries
-from notifyq._enqueue.validate import EnqueueRequest, prepare
+from notifyq._enqueue.request import EnqueueRequest, prepare
 from tests.db.conftest import T0
 from tests.db.helpers import (
     DEFINITION,
@@ -560,7 +560,7 @@ def test_notifier_listen_receives_enqueue_wakeups_and_ping_answers(dsn: str, db:
 
 
 def test_error_json_from_python_round_trips_through_jsonb(db: Conn, q: Queries) -> None:
-    from notifyq._dispatch.outcome import error_json
+    from notifyq._run import error_json
     run = enqueue(db, q, run_at=T0)
     [c] = claim(db, q, T0)
     finish(db, q, T0, [(run["id"], c["fence"], "failed")],

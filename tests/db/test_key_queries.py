@@ -10,9 +10,9 @@ import psycopg
 from psycopg import sql
 
 from notifyq import Keyring
+from notifyq._crypto.ciphertext import Context, version_of
+from notifyq._crypto.keyring import check_value
 from notifyq._db.queries import Queries
-from notifyq._keys.ciphertext import Context, version_of
-from notifyq._keys.keyring import check_value
 from tests.db.conftest import T0
 from tests.db.helpers import claim, enqueue
 

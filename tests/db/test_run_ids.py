@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from notifyq._enqueue.validate import new_run_id
+from notifyq._enqueue.ids import new_run_id
 
 Conn = psycopg.Connection[dict[str, Any]]
 

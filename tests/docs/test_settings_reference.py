@@ -28,6 +28,7 @@ VALUES: dict[str, tuple[str, Any]] = {
     "api.admin_token": ("an-admin-token-0123456789",) * 2,
     "api.read_token": ("a-read-token-0123456789",) * 2,
     "embedded.data_dir": ("/srv/notifyq/pg",) * 2,
+    "webhooks.enabled": ("false", False),  # true needs a keyring
     "keys": (f"1:{KEY}",) * 2,
     "active_key_version": ("1", 1),
 }

@@ -17,8 +17,9 @@ import psycopg
 import pytest
 
 from notifyq import App, ConfigError, InvalidTransition, RetiredKeyVersion, RotationInProgress
-from notifyq._keys.ciphertext import Context
-from notifyq._keys.reencrypt import Batch, ReencryptOptions, Reencryptor, StaleWriters
+from notifyq._crypto.ciphertext import Context
+from notifyq._errors import StaleWriters
+from notifyq._keys.reencrypt import Batch, BatchHook, ReencryptOptions, Reencryptor
 from tests import vault
 from tests.integration.inproc import running, status_becomes
 from tests.support import eventually
@@ -26,6 +27,11 @@ from tests.support import eventually
 pytestmark = pytest.mark.anyio
 
 Sql = psycopg.Connection[Any]
+
+
+def _reencryptor(app: App, on_batch: BatchHook | None = None) -> Reencryptor:
+    """The App's ``secret.reencrypt`` handler, built apart so a test can hook its batches."""
+    return Reencryptor(app._runtime, app.keys, app._columns, on_batch=on_batch)
 
 
 def _ctx(pk: Any) -> Context:
@@ -114,7 +120,7 @@ async def test_a_write_between_the_read_and_the_swap_keeps_the_writers_value(
 
     async with app:
         run_id, options = await _enqueue_rotation(app, batch_size=100)
-        out = await Reencryptor(app, on_batch=writer).rotate(run_id, options)
+        out = await _reencryptor(app, on_batch=writer).rotate(run_id, options)
     column = out["columns"][0]
     assert (column["reencrypted"], column["conflicts"], column["pass"]) == (299, 1, 2)
     plain = vault.decrypt_all(sql, vault.keyring(2, active=2))[vault.TABLE_A]
@@ -173,7 +179,7 @@ async def test_a_stale_writer_still_on_the_old_key_is_caught_by_the_verification
 
     async with app:
         run_id, options = await _enqueue_rotation(app, batch_size=100)
-        out = await Reencryptor(app, on_batch=stale_writer).rotate(run_id, options)
+        out = await _reencryptor(app, on_batch=stale_writer).rotate(run_id, options)
     column = out["columns"][0]
     assert column["reencrypted"] == 510
     assert column["pass"] == 3  # 1: all rows, 2: the stale ones, 3: nothing left
@@ -196,7 +202,7 @@ async def test_a_writer_that_never_stops_using_the_old_key_fails_the_run_with_a_
     async with app:
         run_id, options = await _enqueue_rotation(app, batch_size=10, max_passes=3)
         with pytest.raises(StaleWriters, match="after 3 passes; some writer still uses"):
-            await Reencryptor(app, on_batch=stubborn).rotate(run_id, options)
+            await _reencryptor(app, on_batch=stubborn).rotate(run_id, options)
 
 
 async def test_corrupted_rows_are_reported_and_skipped_and_the_rest_is_rotated(
@@ -247,7 +253,7 @@ async def test_retire_is_refused_while_rows_use_the_version_and_afterwards_it_no
             with pytest.raises(InvalidTransition, match="key version 9 was never configured"):
                 await app.keys.retire(conn, 9)
         run_id, options = await _enqueue_rotation(app)
-        await Reencryptor(app).rotate(run_id, options)
+        await _reencryptor(app).rotate(run_id, options)
         async with (await app.pool()).connection() as conn:
             retired = await app.keys.retire(conn, 1)
             status = await app.keys.status(conn)
@@ -292,7 +298,7 @@ async def test_a_batch_meeting_a_row_locked_by_live_traffic_backs_off_and_is_ret
             result: dict[str, Any] = {}
 
             async def rotate() -> None:
-                result.update(await Reencryptor(app).rotate(run_id, options))
+                result.update(await _reencryptor(app).rotate(run_id, options))
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(rotate)

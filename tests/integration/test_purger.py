@@ -21,7 +21,7 @@ async def test_a_purger_tick_expires_unreceived_signals_and_applies_late_definit
     await fetch(app, "INSERT INTO notifyq.job (type, max_attempts, timeout_s) "
                      "VALUES ('late.type', 3, 7.5) RETURNING type")
     clock = ManualClock(datetime.now(UTC))
-    purger = Purger(await app.pool(), app.queries, clock, app.settings.purger)
+    purger = Purger(await app.pool(), app._runtime.queries, clock, app.settings.purger)
     assert await purger.run_once() == {"deleted": 0, "signals_expired": 0,
                                        "defaults_applied": 1}
     stored = await app.get_run(run.id)

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.serving import ADMIN, READER, Served
 from tests.support import ROOT, scalar, status_counts, wait_until
+from tests.vault import keys_env
 
 Conn = psycopg.Connection[Any]
 PROBLEM = "application/problem+json"
@@ -28,6 +29,13 @@ UNKNOWN_ID = "01900000-0000-7000-8000-000000000000"
 @pytest.fixture
 def served(dsn: str, logs: Path) -> Iterator[Served]:
     with Served(dsn, logs / "serve.log") as server:
+        yield server
+
+
+@pytest.fixture
+def keyed(dsn: str, logs: Path) -> Iterator[Served]:
+    """With a keyring, so webhooks are enabled and every route of the API is served."""
+    with Served(dsn, logs / "serve.log", env=keys_env(1, active=1)) as server:
         yield server
 
 
@@ -189,9 +197,9 @@ def test_bad_requests_get_problem_json_naming_the_field(served: Served) -> None:
 @pytest.mark.parametrize("content_type", [
     "application/x-www-form-urlencoded", "text/plain;charset=UTF-8", None])
 def test_a_json_body_is_read_as_json_whatever_the_content_type_says(
-        served: Served, sql: Conn, content_type: str | None) -> None:
+        keyed: Served, sql: Conn, content_type: str | None) -> None:
     """`curl -d` (the README's examples) sends form-encoded; a JSON body is still JSON."""
-    status, media, body = served.curl_post(
+    status, media, body = keyed.curl_post(
         "/v1/jobs", b'{"job_type": "svc.echo", "input": {"to": "a@b.c"}}',
         content_type=content_type)
     assert (status, media) == (201, "application/json"), body
@@ -199,17 +207,17 @@ def test_a_json_body_is_read_as_json_whatever_the_content_type_says(
     assert run["input"] == {"to": "a@b.c"}
     wait_until(lambda: _completed(sql, run["id"]), timeout=15)
 
-    status, _, body = served.curl_post(
+    status, _, body = keyed.curl_post(
         "/v1/jobs/batch", b'{"jobs": [{"job_type": "svc.echo"}, {"job_type": "svc.echo"}]}',
         content_type=content_type)
     assert status == 201, body
     assert len(json.loads(body)["items"]) == 2
-    status, _, body = served.curl_post("/v1/signals/order-42", b'{"approved": true}',
+    status, _, body = keyed.curl_post("/v1/signals/order-42", b'{"approved": true}',
                                        content_type=content_type)
     assert (status, json.loads(body)) == (202, {"token": "order-42", "woken": 0})
     assert scalar(sql, "SELECT payload FROM notifyq.job_signal WHERE token = 'order-42'"
                   ) == {"approved": True}
-    status, _, body = served.curl_post("/v1/webhooks/messages",
+    status, _, body = keyed.curl_post("/v1/webhooks/messages",
                                        b'{"event_type": "invoice.paid", "payload": {"id": 1}}',
                                        content_type=content_type)
     assert (status, json.loads(body)["deliveries"]) == (201, 0)
@@ -263,9 +271,9 @@ def test_metrics_parse_as_prometheus_text_and_move_when_runs_finish(
     assert all(line["run_type"] == "svc.fail" for line in about_bad)
 
 
-def test_the_openapi_document_holds_under_schemathesis(served: Served, logs: Path) -> None:
+def test_the_openapi_document_holds_under_schemathesis(keyed: Served, logs: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "schemathesis.cli", "run", f"{served.url}/v1/openapi.json",
+        [sys.executable, "-m", "schemathesis.cli", "run", f"{keyed.url}/v1/openapi.json",
          "--checks", "not_a_server_error,response_schema_conformance,"
                      "content_type_conformance,status_code_conformance",
          "--header", f"Authorization: Bearer {ADMIN}", "--max-examples", "8",
@@ -273,7 +281,7 @@ def test_the_openapi_document_holds_under_schemathesis(served: Served, logs: Pat
          "--seed", "1", "--request-timeout", "10"],
         capture_output=True, text=True, cwd=logs, timeout=90, check=False)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert "5xx" not in served.log()
+    assert "5xx" not in keyed.log()
 
 
 def test_sigterm_under_load_loses_no_job(dsn: str, sql: Conn, logs: Path) -> None:

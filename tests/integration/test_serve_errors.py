@@ -18,6 +18,7 @@ import pytest
 
 from tests.integration.serving import Served
 from tests.support import ROOT
+from tests.vault import keys_env
 
 PROBLEM = "application/problem+json"
 
@@ -102,7 +103,9 @@ def test_an_invalid_token_is_told_how_to_authenticate_and_nothing_else(dsn: str,
 
 @pytest.fixture
 def unmigrated(empty_dsn: str, logs: Path) -> Iterator[Served]:
-    with Served(empty_dsn, logs / "serve.log", args=["--no-worker"]) as server:
+    # With a keyring: the webhook routes are served too.
+    with Served(empty_dsn, logs / "serve.log", args=["--no-worker"],
+                env=keys_env(1, active=1)) as server:
         yield server
 
 

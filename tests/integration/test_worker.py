@@ -14,7 +14,6 @@ import pytest
 from notifyq import (
     App,
     JobContext,
-    LeaseLost,
     ManualClock,
     Permanent,
     RetryPolicy,
@@ -23,6 +22,7 @@ from notifyq import (
 )
 from notifyq._dispatch.completer import Completer
 from notifyq._dispatch.outcome import Outcome
+from notifyq._errors import LeaseLost
 from notifyq._maintenance.reaper import Reaper
 from tests.conftest import fast_settings
 from tests.integration.inproc import fetch, run_row, running, scalar, status_becomes
@@ -459,7 +459,7 @@ async def test_a_stale_worker_loses_its_write_after_a_takeover(dsn: str) -> None
     async with app:
         run = await app.enqueue("t.contested", {})
         db = await app.pool()
-        q = app.queries
+        q = app._runtime.queries
 
         async def claim(worker_id: str) -> dict[str, Any]:
             async with db.connection() as conn:

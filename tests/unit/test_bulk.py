@@ -13,15 +13,9 @@ import pytest
 
 from notifyq import EnqueueRequest, InvalidEnqueue, PayloadTooLarge, Run, RunStatus
 from notifyq._enqueue.bulk import Batch
-from notifyq._enqueue.validate import (
-    _COUNTER,
-    coerce_requests,
-    encode_input,
-    input_encoder,
-    new_run_id,
-    new_run_ids,
-    prepare,
-)
+from notifyq._enqueue.ids import _COUNTER, new_run_id, new_run_ids
+from notifyq._enqueue.request import coerce_requests, prepare
+from notifyq._enqueue.validate import encode_input, input_encoder
 from notifyq._run import runs_from_columns
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, 6789, tzinfo=UTC)

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from notifyq import EnqueueRequest, InvalidEnqueue, PayloadTooLarge
-from notifyq._enqueue.validate import coerce_requests, encode_input, parse_input, prepare
+from notifyq._enqueue.request import coerce_requests, prepare
+from notifyq._enqueue.validate import encode_input, parse_input
 
 
 def request(**kwargs: Any) -> EnqueueRequest:

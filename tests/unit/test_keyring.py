@@ -17,8 +17,8 @@ from notifyq import (
     RetiredKeyVersion,
     UnknownKeyVersion,
 )
-from notifyq._keys.ciphertext import OVERHEAD, Context, version_of
-from notifyq._keys.keyring import configured_keys, parse_keys
+from notifyq._crypto.ciphertext import OVERHEAD, Context, version_of
+from notifyq._crypto.keyring import configured_keys, parse_keys
 from notifyq._settings import load_settings
 
 K1 = os.urandom(32)

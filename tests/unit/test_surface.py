@@ -12,7 +12,7 @@ import notifyq
 from notifyq import App, ConfigError, JobContext, RetryPolicy
 from notifyq._db.files import sql_root
 from notifyq._db.queries import queries_for
-from notifyq._maintenance.scheduler import EPOCH, tick_at
+from notifyq._maintenance.scheduler import tick_at
 from notifyq._registry import PeriodicSpec
 from notifyq._settings import Settings
 
@@ -51,22 +51,47 @@ def test_sql_files_are_found_from_a_source_checkout() -> None:
     assert (sql_root() / "migrations" / "0001_core.sql").is_file()
 
 
-def test_notifyq_all_lists_exactly_the_public_names() -> None:
+PUBLIC = [
+    "App", "ChildFailed", "ChildRun", "Clock", "ConcurrencyPolicy", "ConcurrencyRejected",
+    "ConfigError", "DatabaseUnavailable", "DecryptionFailed", "DedupePolicy", "EncryptedColumn",
+    "Endpoint", "EnqueueRequest", "InvalidEndpoint", "InvalidEnqueue", "InvalidTransition",
+    "JobContext", "Keyring", "ManualClock", "NotifyqError", "PayloadTooLarge", "Permanent",
+    "RetiredKeyVersion", "RetryPolicy", "RotationInProgress", "Run", "RunInfo", "RunNotFound",
+    "RunStatus", "SchemaError", "Scope", "SentMessage", "Settings", "Snooze", "Stats",
+    "StepError", "SystemClock", "UnknownJobType", "UnknownKeyVersion", "WaitTimeout",
+    "WebhookNotFound", "__version__",
+]
+"""The documented surface: a change here is a change of the public API (CHANGELOG it)."""
+INTERNAL_ERRORS = {"LeaseLost", "CompleterClosedError", "StaleWriters", "BlockedAddress",
+                   "ResolutionFailed", "BenchError"}
+
+
+def test_notifyq_exports_exactly_the_documented_names_sorted() -> None:
+    assert notifyq.__all__ == sorted(PUBLIC, key=lambda n: (n.startswith("_"), n))
     public = {name for name in vars(notifyq) if not name.startswith("_")}
-    modules = {name for name in public if type(getattr(notifyq, name)).__name__ == "module"}
-    assert set(notifyq.__all__) == public - modules
-    assert len(notifyq.__all__) == len(set(notifyq.__all__))
+    assert public - {"version", "PackageNotFoundError"} == set(PUBLIC) - {"__version__"}
     for name in notifyq.__all__:
         assert getattr(notifyq, name) is not None
 
 
-@pytest.mark.parametrize("every_ms", [100, 300, 1000, 1001, 4350, 60_000, 86_400_000])
-def test_tick_at_aligns_to_multiples_of_every_since_the_epoch(every_ms: int) -> None:
-    every = timedelta(milliseconds=every_ms)
-    now = datetime(2030, 5, 17, 13, 45, 12, 345_678, tzinfo=UTC)
-    tick = tick_at(now, every)
-    assert tick <= now < tick + every
-    assert (tick - EPOCH) % every == timedelta(0)
+def test_every_error_is_in_the_one_drawn_tree_and_exported_unless_internal() -> None:
+    from notifyq import _errors
+
+    errors = {name for name, value in vars(_errors).items()
+              if isinstance(value, type) and issubclass(value, _errors.NotifyqError)}
+    drawn = set(re.findall(r"[├└]── (\w+)", _errors.__doc__ or ""))
+    assert errors - {"NotifyqError"} == drawn
+    assert errors - INTERNAL_ERRORS <= set(PUBLIC)
+    assert not INTERNAL_ERRORS & set(PUBLIC)
+    for name in errors:  # the tree lives in one module
+        assert getattr(_errors, name).__module__ == "notifyq._errors"
+
+
+def test_the_version_is_the_installed_distributions() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert notifyq.__version__ == project["version"]
 
 
 def test_tick_at_is_the_same_for_every_moment_in_a_tick() -> None:
@@ -104,7 +129,7 @@ def test_periodic_stacked_on_handler_uses_the_handler_type() -> None:
     @app.handler("report.build")
     async def build(ctx: JobContext) -> None: ...
 
-    assert app.registry.periodic == [PeriodicSpec("report.build", timedelta(seconds=5),
+    assert app._registry.periodic == [PeriodicSpec("report.build", timedelta(seconds=5),
                                                   {"k": 1})]
 
 
@@ -142,7 +167,7 @@ def test_registering_a_type_twice_warns_and_overwrites_in_development(
     app.handler("a.b")(first)
     with caplog.at_level("WARNING", logger="notifyq"):
         app.handler("a.b")(second)
-    spec = app.registry.get("a.b")
+    spec = app._registry.get("a.b")
     assert spec is not None
     assert spec.call is second
     assert "registered twice" in caplog.text
@@ -158,7 +183,7 @@ def test_registering_a_type_twice_silently_overwrites_in_tests(
     app.handler("a.b")(first)
     with caplog.at_level("DEBUG", logger="notifyq"):
         app.handler("a.b")(second)
-    spec = app.registry.get("a.b")
+    spec = app._registry.get("a.b")
     assert spec is not None
     assert spec.call is second
     assert caplog.text == ""
@@ -177,7 +202,7 @@ def test_class_handlers_are_instantiated_and_called_through_handle() -> None:
         async def handle(self, ctx: JobContext) -> int:
             return 2
 
-    sync_spec, async_spec = app.registry.get("c.sync"), app.registry.get("c.async")
+    sync_spec, async_spec = app._registry.get("c.sync"), app._registry.get("c.async")
     assert sync_spec is not None
     assert async_spec is not None
     assert not sync_spec.is_async

@@ -10,10 +10,10 @@ import anyio
 import httpx
 import pytest
 
-from notifyq._errors import InvalidEndpoint
+from notifyq._errors import BlockedAddress, InvalidEndpoint
 from notifyq._settings import WebhookSettings
 from notifyq._webhooks.endpoints import check_headers, check_url
-from notifyq._webhooks.ssrf import BlockedAddress, Guard, Resolver, literal_address
+from notifyq._webhooks.ssrf import Guard, Resolver, literal_address
 from notifyq._webhooks.transport import GuardedTransport
 
 BLOCKED = [

@@ -33,7 +33,7 @@ async def api(dsn: str) -> AsyncIterator[tuple[App, httpx.AsyncClient]]:
     app = App(settings=settings)
     async with app:
         state = ServiceState()
-        app.deliverer.observer = state.metrics.webhook_attempt  # as `notifyq serve` does
+        app._deliverer.observer = state.metrics.webhook_attempt  # as `notifyq serve` does
         transport = httpx.ASGITransport(app=create_api(app, state))
         async with httpx.AsyncClient(transport=transport, base_url="http://api",
                                      headers={"authorization": f"Bearer {ADMIN}"}) as client:

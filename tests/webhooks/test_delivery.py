@@ -1,4 +1,4 @@
-"""One attempt at a time (``app.deliverer.deliver``) against a real receiver on 127.0.0.1:
+"""One attempt at a time (``app._deliverer.deliver``) against a real receiver on 127.0.0.1:
 signatures, status classes, timeouts, body cap, redirects, cookies, proxies, the SSRF default,
 secret rotation, auto-disable and logs."""
 
@@ -44,7 +44,7 @@ async def _delivery(app: App, message_id: str) -> dict[str, Any]:
 async def test_a_delivery_is_signed_per_standard_webhooks_over_the_exact_bytes_sent(
         wapp: App, receiver: Receiver) -> None:
     ep, msg = await _one(wapp, receiver, headers={"X-Team": "billing"})
-    result = await wapp.deliverer.deliver(msg, ep.id)
+    result = await wapp._deliverer.deliver(msg, ep.id)
     assert result["status_code"] == 200
     [request] = receiver.requests
     assert verify(ep.secret, request) == {"order": 7, "note": "ünïcode"}
@@ -69,7 +69,7 @@ async def test_a_tampered_body_or_a_wrong_secret_does_not_verify(
     from notifyq._webhooks.signing import generate_secret
 
     ep, msg = await _one(wapp, receiver)
-    await wapp.deliverer.deliver(msg, ep.id)
+    await wapp._deliverer.deliver(msg, ep.id)
     [request] = receiver.requests
     with pytest.raises(WebhookVerificationError):
         Webhook(ep.secret).verify(request.body + b" ", request.headers)
@@ -83,9 +83,9 @@ async def test_each_retry_has_the_same_webhook_id_and_a_fresh_signed_timestamp(
     ep, msg = await _one(wapp, receiver)
     for _ in range(2):
         with pytest.raises(Snooze):
-            await wapp.deliverer.deliver(msg, ep.id)
+            await wapp._deliverer.deliver(msg, ep.id)
         await anyio.sleep(1.05)  # pacing: webhook-timestamp has a resolution of one second
-    await wapp.deliverer.deliver(msg, ep.id)
+    await wapp._deliverer.deliver(msg, ep.id)
     assert [r.headers["webhook-id"] for r in receiver.requests] == [msg] * 3
     assert len({r.headers["webhook-timestamp"] for r in receiver.requests}) == 3
     for request in receiver.requests:
@@ -101,7 +101,7 @@ async def test_non_2xx_answers_are_failures_retried_on_the_schedule(
     receiver.script("/hook", Reply(status, headers={"location": receiver.url("/elsewhere")}))
     ep, msg = await _one(wapp, receiver)
     with pytest.raises(Snooze) as snoozed:
-        await wapp.deliverer.deliver(msg, ep.id)
+        await wapp._deliverer.deliver(msg, ep.id)
     assert 0.08 <= snoozed.value.seconds <= 0.12  # the test schedule's second delay, ±20 %
     [attempt] = await _attempts(wapp, msg)
     assert attempt["status_code"] == status
@@ -114,9 +114,9 @@ async def test_the_schedule_running_out_fails_the_delivery(wapp: App, receiver: 
     ep, msg = await _one(wapp, receiver)
     for _ in range(2):
         with pytest.raises(Snooze):
-            await wapp.deliverer.deliver(msg, ep.id)
+            await wapp._deliverer.deliver(msg, ep.id)
     with pytest.raises(Permanent, match="HTTP 500"):
-        await wapp.deliverer.deliver(msg, ep.id)
+        await wapp._deliverer.deliver(msg, ep.id)
     assert (await _delivery(wapp, msg))["status"] == "failed"
 
 
@@ -127,14 +127,14 @@ async def test_410_disables_the_endpoint_and_stops_its_pending_deliveries(
     other = (await wapp.webhooks.send("order.paid", {"n": 2}, endpoint_id=ep.id)).id
     other_run = (await _delivery(wapp, other))["run_id"]
     with pytest.raises(Permanent, match="410"):
-        await wapp.deliverer.deliver(msg, ep.id)
+        await wapp._deliverer.deliver(msg, ep.id)
     endpoint = await wapp.webhooks.get_endpoint(ep.id)
     assert not endpoint.enabled
     assert endpoint.disabled_reason == "the endpoint answered 410 Gone"
     assert (await _delivery(wapp, other))["status"] == "canceled"
     assert await scalar(wapp, "SELECT status FROM notifyq.job_run WHERE id = %s",
                         other_run) == "canceled"
-    assert (await wapp.deliverer.deliver(other, ep.id))["skipped"].startswith("endpoint disab")
+    assert (await wapp._deliverer.deliver(other, ep.id))["skipped"].startswith("endpoint disab")
     assert len(receiver.requests) == 1
     after = await wapp.webhooks.send("order.paid", {"n": 3})
     assert after.deliveries == 0  # disabled endpoints are not fanned out to
@@ -149,7 +149,7 @@ async def test_retry_after_sets_the_next_attempt(
     receiver.script("/hook", Reply(503, headers=headers))
     ep, msg = await _one(wapp, receiver)
     with pytest.raises(Snooze) as snoozed:
-        await wapp.deliverer.deliver(msg, ep.id)
+        await wapp._deliverer.deliver(msg, ep.id)
     assert low <= snoozed.value.seconds <= high
 
 
@@ -157,7 +157,7 @@ async def test_429_waits_at_least_a_minute(wapp: App, receiver: Receiver) -> Non
     receiver.script("/hook", Reply(429, headers={"retry-after": "1"}))
     ep, msg = await _one(wapp, receiver)
     with pytest.raises(Snooze) as snoozed:
-        await wapp.deliverer.deliver(msg, ep.id)
+        await wapp._deliverer.deliver(msg, ep.id)
     assert snoozed.value.seconds >= 60
 
 
@@ -171,7 +171,7 @@ async def test_a_slow_or_dripping_server_is_cut_off_at_the_deadline(
         ep, msg = await _one(app, receiver)
         started = time.monotonic()
         with pytest.raises(Snooze) as snoozed:
-            await app.deliverer.deliver(msg, ep.id)
+            await app._deliverer.deliver(msg, ep.id)
         assert time.monotonic() - started < 2.5
         assert snoozed.value.seconds >= 60  # timeouts wait at least a minute
         [attempt] = await _attempts(app, msg)
@@ -185,7 +185,7 @@ async def test_the_response_body_is_read_up_to_the_cap_and_stored_truncated(
     receiver.script("/hook", Reply(500, body=b"e" * 5_000_000))
     ep, msg = await _one(wapp, receiver)
     with pytest.raises(Snooze):
-        await wapp.deliverer.deliver(msg, ep.id)
+        await wapp._deliverer.deliver(msg, ep.id)
     [attempt] = await _attempts(wapp, msg)
     assert len(attempt["response_body"]) == 20_000
     assert attempt["response_truncated"] is True
@@ -194,7 +194,7 @@ async def test_the_response_body_is_read_up_to_the_cap_and_stored_truncated(
 async def test_a_gzip_body_is_stored_raw_not_decompressed(wapp: App, receiver: Receiver) -> None:
     receiver.script("/hook", Reply(200, body=b"hello " * 1000, gzip=True))
     ep, msg = await _one(wapp, receiver)
-    await wapp.deliverer.deliver(msg, ep.id)
+    await wapp._deliverer.deliver(msg, ep.id)
     [attempt] = await _attempts(wapp, msg)
     assert "hello" not in attempt["response_body"]
     assert len(attempt["response_body"]) < 200
@@ -204,9 +204,9 @@ async def test_a_cookie_set_by_the_receiver_is_never_sent_back(
         wapp: App, receiver: Receiver) -> None:
     receiver.script("/hook", Reply(200, headers={"set-cookie": "session=abc; Path=/"}))
     ep, msg = await _one(wapp, receiver)
-    await wapp.deliverer.deliver(msg, ep.id)
+    await wapp._deliverer.deliver(msg, ep.id)
     second = (await wapp.webhooks.send("order.paid", {"n": 2}, endpoint_id=ep.id)).id
-    await wapp.deliverer.deliver(second, ep.id)
+    await wapp._deliverer.deliver(second, ep.id)
     assert [r.headers.get("cookie") for r in receiver.requests] == [None, None]
 
 
@@ -214,7 +214,7 @@ async def test_connections_are_pooled_per_destination(wapp: App, receiver: Recei
     ep = await wapp.webhooks.create_endpoint(receiver.url())
     for n in range(5):
         msg = (await wapp.webhooks.send("order.paid", {"n": n}, endpoint_id=ep.id)).id
-        await wapp.deliverer.deliver(msg, ep.id)
+        await wapp._deliverer.deliver(msg, ep.id)
     assert len(receiver.requests) == 5
     assert receiver.connections == 1
 
@@ -224,7 +224,7 @@ async def test_a_reset_connection_is_recorded_as_a_connect_error(
     receiver.script("/hook", Reply(reset=True))
     ep, msg = await _one(wapp, receiver)
     with pytest.raises(Snooze):
-        await wapp.deliverer.deliver(msg, ep.id)
+        await wapp._deliverer.deliver(msg, ep.id)
     [attempt] = await _attempts(wapp, msg)
     assert attempt["error_kind"] == "connect"
 
@@ -235,7 +235,7 @@ async def test_a_closed_port_is_a_connect_error(wapp: App) -> None:
     ep = await wapp.webhooks.create_endpoint(f"http://127.0.0.1:{port}/")
     msg = (await wapp.webhooks.send("order.paid", {}, endpoint_id=ep.id)).id
     with pytest.raises(Snooze):
-        await wapp.deliverer.deliver(msg, ep.id)
+        await wapp._deliverer.deliver(msg, ep.id)
     assert (await _attempts(wapp, msg))[0]["error_kind"] == "connect"
 
 
@@ -248,7 +248,7 @@ async def test_proxy_environment_variables_are_ignored(
         monkeypatch.delenv("NO_PROXY", raising=False)
         monkeypatch.delenv("no_proxy", raising=False)
         ep, msg = await _one(wapp, receiver)
-        await wapp.deliverer.deliver(msg, ep.id)
+        await wapp._deliverer.deliver(msg, ep.id)
         assert len(receiver.requests) == 1
         assert proxy.accepted == 0
 
@@ -261,7 +261,7 @@ async def test_the_default_guard_blocks_loopback_receivers(dsn: str, receiver: R
             await closed_app.webhooks.create_endpoint(receiver.url())
         ep, msg = await _one(open_app, receiver)  # written while allowed
         with pytest.raises(Snooze):
-            await closed_app.deliverer.deliver(msg, ep.id)
+            await closed_app._deliverer.deliver(msg, ep.id)
         [attempt] = await _attempts(closed_app, msg)
         assert attempt["error_kind"] == "blocked"
         assert "loopback" in attempt["error"]
@@ -277,7 +277,7 @@ async def test_url_forms_that_reach_loopback_are_blocked_by_default(
     async def fail_dns(name: str, port: int) -> list[str]:
         raise AssertionError("no DNS lookup is needed for these forms")
 
-    app.deliverer.resolver = fail_dns
+    app._deliverer.resolver = fail_dns
     async with app:
         url = f"http://{host}:{receiver.port}/hook"
         with pytest.raises(InvalidEndpoint, match="public addresses"):
@@ -288,7 +288,7 @@ async def test_url_forms_that_reach_loopback_are_blocked_by_default(
         sql.execute("UPDATE notifyq.webhook_endpoint SET url = %s", (url,))  # as if written
         msg = (await app.webhooks.send("order.paid", {}, endpoint_id=ep.id)).id
         with pytest.raises(Snooze):
-            await app.deliverer.deliver(msg, ep.id)
+            await app._deliverer.deliver(msg, ep.id)
         assert (await _attempts(app, msg))[0]["error_kind"] == "blocked"
         assert receiver.requests == []
 
@@ -302,11 +302,11 @@ async def test_a_hostname_is_resolved_once_and_the_checked_address_is_used(
         asked.append(name)
         return ["127.0.0.1"]
 
-    app.deliverer.resolver = resolver
+    app._deliverer.resolver = resolver
     async with app:
         ep = await app.webhooks.create_endpoint(f"http://hooks.test:{receiver.port}/hook")
         msg = (await app.webhooks.send("order.paid", {}, endpoint_id=ep.id)).id
-        await app.deliverer.deliver(msg, ep.id)
+        await app._deliverer.deliver(msg, ep.id)
         assert asked == ["hooks.test"]
         assert receiver.requests[0].headers["host"] == f"hooks.test:{receiver.port}"
         verify(ep.secret, receiver.requests[0])
@@ -319,7 +319,7 @@ async def test_a_rotated_secret_signs_alongside_the_old_one_during_the_grace_per
     assert rotated.secret is not None
     assert rotated.secret != ep.secret
     assert rotated.valid_secrets == 2
-    await wapp.deliverer.deliver(msg, ep.id)
+    await wapp._deliverer.deliver(msg, ep.id)
     [request] = receiver.requests
     assert len(request.headers["webhook-signature"].split(" ")) == 2
     verify(ep.secret, request)
@@ -328,7 +328,7 @@ async def test_a_rotated_secret_signs_alongside_the_old_one_during_the_grace_per
     sql.execute("UPDATE notifyq.webhook_secret SET expires_at = now() - interval '1 second' "
                 "WHERE expires_at IS NOT NULL")  # the grace period is over
     second = (await wapp.webhooks.send("order.paid", {"n": 2}, endpoint_id=ep.id)).id
-    await wapp.deliverer.deliver(second, ep.id)
+    await wapp._deliverer.deliver(second, ep.id)
     request = receiver.requests[1]
     assert len(request.headers["webhook-signature"].split(" ")) == 1
     verify(rotated.secret, request)
@@ -368,10 +368,10 @@ async def test_an_endpoint_failing_for_the_configured_period_is_disabled_and_a_s
             receiver.script("/hook", Reply(status))
             msg = (await app.webhooks.send("order.paid", {}, endpoint_id=ep.id)).id
             if status < 300:
-                await app.deliverer.deliver(msg, ep.id)
+                await app._deliverer.deliver(msg, ep.id)
             else:
                 with pytest.raises(Snooze):
-                    await app.deliverer.deliver(msg, ep.id)
+                    await app._deliverer.deliver(msg, ep.id)
 
         await attempt(500)
         started = (await app.webhooks.get_endpoint(ep.id)).failing_since
@@ -391,7 +391,7 @@ async def test_an_endpoint_failing_for_the_configured_period_is_disabled_and_a_s
         receiver.script("/hook", Reply(500))
         msg = (await app.webhooks.send("order.paid", {}, endpoint_id=ep.id)).id
         with pytest.raises(Permanent, match="endpoint disabled"):
-            await app.deliverer.deliver(msg, ep.id)
+            await app._deliverer.deliver(msg, ep.id)
         endpoint = await app.webhooks.get_endpoint(ep.id)
         assert not endpoint.enabled
         assert (endpoint.disabled_reason or "").startswith("failing continuously since")
@@ -406,10 +406,10 @@ async def test_no_secret_or_signature_appears_in_any_log_line(
     receiver.script("/hook", Reply(500), Reply(410))
     ep, msg = await _one(wapp, receiver)
     with pytest.raises(Snooze):
-        await wapp.deliverer.deliver(msg, ep.id)
+        await wapp._deliverer.deliver(msg, ep.id)
     rotated = await wapp.webhooks.rotate_secret(ep.id)
     with pytest.raises(Permanent):
-        await wapp.deliverer.deliver(msg, ep.id)
+        await wapp._deliverer.deliver(msg, ep.id)
     signatures = [s for r in receiver.requests for s in r.headers["webhook-signature"].split()]
     text = "\n".join(r.getMessage() + repr(r.args) + repr(r.__dict__) for r in caplog.records)
     assert caplog.records  # something was logged

@@ -19,8 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from notifyq import App
-from notifyq._errors import Snooze
-from notifyq._webhooks.ssrf import ResolutionFailed
+from notifyq._errors import ResolutionFailed, Snooze
 from tests.receiver import Receiver
 from tests.webhooks.conftest import webhook_settings
 
@@ -88,12 +87,12 @@ async def test_an_untrusted_certificate_is_a_tls_error_and_no_request_reaches_th
         dsn: str, tls_receiver: tuple[Receiver, Path]) -> None:
     receiver, cafile = tls_receiver
     app = App(settings=webhook_settings(dsn))
-    app.deliverer.resolver = _no_dns  # localhost is never resolved through DNS
+    app._deliverer.resolver = _no_dns  # localhost is never resolved through DNS
     async with app:
         ep = await app.webhooks.create_endpoint(f"https://localhost:{receiver.port}/hook")
         msg = (await app.webhooks.send("order.paid", {}, endpoint_id=ep.id)).id
         with pytest.raises(Snooze):
-            await app.deliverer.deliver(msg, ep.id)
+            await app._deliverer.deliver(msg, ep.id)
         [attempt] = await app.webhooks.attempts(msg)
         assert attempt["error_kind"] == "tls"
         assert attempt["status_code"] is None
@@ -120,13 +119,13 @@ async def test_a_name_that_does_not_resolve_is_a_dns_error_and_nothing_is_contac
             raise ResolutionFailed(f"cannot resolve {name}: Name or service not known")
         return []
 
-    app.deliverer.resolver = resolver
+    app._deliverer.resolver = resolver
     async with app:
         ep = await app.webhooks.create_endpoint(
             f"http://nowhere.invalid:{receiver.port}/hook")
         msg = (await app.webhooks.send("order.paid", {}, endpoint_id=ep.id)).id
         with pytest.raises(Snooze):
-            await app.deliverer.deliver(msg, ep.id)
+            await app._deliverer.deliver(msg, ep.id)
         [attempt] = await app.webhooks.attempts(msg)
         assert attempt["error_kind"] == "dns"
         assert attempt["status_code"] is None

@@ -1,5 +1,6 @@
-"""Per-handler policies for durable runs, stored on the job definition so every enqueuer (other
-processes, the SQL function, the HTTP API) sees them.
+"""The policies a handler is registered with: how it is retried (:class:`RetryPolicy`), and
+for durable runs its concurrency, dedupe and scope keys, stored on the job definition so every
+enqueuer (other processes, the SQL function, the HTTP API) applies them.
 
 Keys are either a callable of the input or a template such as ``"order:{order_id}"`` (filled
 from the input's top-level fields). Templates are stored and applied by the SQL function too;
@@ -8,12 +9,77 @@ callables only by Python enqueuers that registered the handler.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from notifyq._enqueue.validate import DEDUPE_STATES, check_dedupe_states
 from notifyq._errors import InvalidEnqueue
+from notifyq._run import DEDUPE_STATES, RUN_STATUSES
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a failing handler is retried.
+
+    ``delay_s(attempt)`` is ``base_s`` (fixed) or ``base_s * 2 ** (attempt - 1)`` (exponential),
+    capped at ``max_s`` and spread by ±``jitter`` so a burst of failures does not retry in step.
+    Exceptions of a ``non_retryable`` type go straight to dead-letter.
+
+    Example::
+
+        RetryPolicy(attempts=5, backoff="exponential", base_s=2, max_s=300)
+    """
+
+    attempts: int = 25
+    """Total attempts including the first. Defaults to 25."""
+    backoff: Literal["fixed", "exponential"] = "exponential"
+    """Defaults to "exponential"."""
+    base_s: float = 1.0
+    """Defaults to 1.0."""
+    max_s: float = 3600.0
+    """Defaults to 3600.0."""
+    jitter: float = 0.1
+    """Fraction of the delay added or removed at random. Defaults to 0.1."""
+    non_retryable: tuple[type[BaseException], ...] = field(default=())
+    """Defaults to ()."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.attempts <= 1000:
+            raise ValueError(f"attempts must be between 1 and 1000, got {self.attempts}")
+        if self.base_s < 0:
+            raise ValueError(f"base_s must not be negative, got {self.base_s}")
+        if self.max_s < self.base_s:
+            raise ValueError(f"max_s ({self.max_s}) cannot be less than base_s ({self.base_s})")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
+        if self.backoff not in ("fixed", "exponential"):
+            raise ValueError(f"backoff must be 'fixed' or 'exponential', got {self.backoff!r}")
+
+    def delay_s(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        if self.backoff == "fixed":
+            delay = self.base_s
+        else:
+            delay = self.base_s * 2.0 ** min(max(attempt - 1, 0), 60)
+        delay = min(delay, self.max_s)
+        if self.jitter:
+            delay *= 1 + (rng or random).uniform(-self.jitter, self.jitter)
+        return max(delay, 0.0)
+
+    def retryable(self, error: BaseException) -> bool:
+        return not isinstance(error, self.non_retryable)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempts": self.attempts,
+            "backoff": self.backoff,
+            "base_s": self.base_s,
+            "max_s": self.max_s,
+            "jitter": self.jitter,
+            "non_retryable": [f"{t.__module__}.{t.__qualname__}" for t in self.non_retryable],
+        }
+
 
 KeyFn = Callable[[Any], str] | str
 Collision = Literal["queue", "reject", "replace"]
@@ -107,3 +173,13 @@ def _fill(template: str, input_: Any) -> str:
     if not isinstance(input_, Mapping):
         raise TypeError("a key template needs an object input")
     return template.format_map({k: v for k, v in input_.items() if isinstance(k, str)})
+
+
+def check_dedupe_states(states: Sequence[str] | None, error: type[Exception]) -> None:
+    """Dedupe states are a non-empty list of run statuses (``DedupePolicy(states=...)``)."""
+    if states is None:
+        return
+    if isinstance(states, str) or not states or not set(states) <= set(RUN_STATUSES):
+        raise error(f"dedupe states must be a non-empty list of run statuses "
+                    f"({', '.join(RUN_STATUSES)}), got {states!r}")
+

@@ -29,8 +29,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from notifyq._errors import ConfigError, DecryptionFailed, RetiredKeyVersion, UnknownKeyVersion
-from notifyq._keys.ciphertext import (
+from notifyq._crypto.ciphertext import (
     MAX_VERSION,
     NONCE_BYTES,
     Context,
@@ -38,6 +37,7 @@ from notifyq._keys.ciphertext import (
     parse,
     version_of,
 )
+from notifyq._errors import ConfigError, DecryptionFailed, RetiredKeyVersion, UnknownKeyVersion
 
 KEY_BYTES = 32
 _CHECK_CONSTANT = b"notifyq key check value v1"

@@ -1,0 +1,1 @@
+"""Encryption primitives: versioned master keys and self-describing AES-256-GCM ciphertexts."""

@@ -1,0 +1,113 @@
+"""The parts of a process that every component shares: settings, clock, named queries, the
+connection pools and the keyring.
+
+Components and features take the :class:`Runtime` (or the pieces of it they use), never the
+``App``: the App is the user's facade that composes a Runtime with the features it asks for, so
+imports run one way (features -> runtime -> db, clock, settings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from notifyq._clock import Clock
+from notifyq._crypto.keyring import Keyring, configured_keys
+from notifyq._db.pool import AsyncConn, check_connection_sync, open_pool, require_dsn
+from notifyq._db.queries import Queries, queries_for
+from notifyq._errors import ConfigError
+from notifyq._settings import Settings
+
+AnyConn = psycopg.AsyncConnection[Any]
+SyncPool = ConnectionPool[psycopg.Connection[dict[str, Any]]]
+
+
+class Runtime:
+    """Settings, clock, queries, the keyring, and the pools (opened on first use, closed by
+    :meth:`close`).
+
+    Example::
+
+        runtime = Runtime(settings, SystemClock())
+        async with runtime.connection() as conn:
+            await conn.execute(runtime.queries.job_run_get, {"id": run_id})
+    """
+
+    def __init__(self, settings: Settings, clock: Clock) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.queries: Queries = queries_for(settings.schema_name)
+        self._pool: AsyncConnectionPool[AsyncConn] | None = None
+        self._sync_pool: SyncPool | None = None
+        self._open_lock = anyio.Lock()
+        self._keyring: Keyring | None = None
+
+    @property
+    def has_keyring(self) -> bool:
+        """Whether master keys are configured (``NOTIFYQ_KEYS`` or ``NOTIFYQ_KEY_FILE``)."""
+        return self.settings.keys is not None or self.settings.key_file is not None
+
+    @property
+    def keyring(self) -> Keyring:
+        """The configured master keys, built on first use; ConfigError when none are."""
+        if self._keyring is None:
+            keys = self.settings.keys
+            try:
+                found = configured_keys(keys.get_secret_value() if keys else None,
+                                        self.settings.key_file, self.settings.active_key_version)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            if found is None:
+                raise ConfigError("no keyring is configured: set NOTIFYQ_KEYS (or "
+                                  "NOTIFYQ_KEY_FILE) and NOTIFYQ_ACTIVE_KEY_VERSION")
+            self._keyring = Keyring(found[0], active=found[1])
+        return self._keyring
+
+    @property
+    def opened(self) -> AsyncConnectionPool[AsyncConn] | None:
+        """The pool if it is open (None before the first :meth:`pool`)."""
+        return self._pool
+
+    async def pool(self) -> AsyncConnectionPool[AsyncConn]:
+        """The process's pool, opened on first use (a bad DSN fails at once, with its cause)."""
+        if self._pool is None:
+            async with self._open_lock:
+                if self._pool is None:
+                    dsn = require_dsn(self.settings.database_url)
+                    self._pool = await open_pool(dsn, max_size=self.settings.pool_max_size)
+        return self._pool
+
+    @asynccontextmanager
+    async def connection(self, conn: AnyConn | None = None) -> AsyncIterator[AnyConn]:
+        """``conn`` itself when given (the caller's transaction), else a pooled connection."""
+        if conn is not None:
+            yield conn
+            return
+        async with (await self.pool()).connection() as own:
+            yield own
+
+    def sync_pool(self) -> SyncPool:
+        """A pool for synchronous callers (``App.enqueue_sync``), opened on first use."""
+        if self._sync_pool is None:
+            dsn = require_dsn(self.settings.database_url)
+            check_connection_sync(dsn)  # a bad DSN fails now with its cause, not in 30 s
+            self._sync_pool = ConnectionPool(
+                dsn, min_size=1, max_size=self.settings.pool_max_size,
+                kwargs={"autocommit": True, "row_factory": dict_row,
+                        "application_name": "notifyq"},
+                connection_class=psycopg.Connection[dict[str, Any]], open=True)
+        return self._sync_pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+        if self._sync_pool is not None:
+            self._sync_pool.close()
+            self._sync_pool = None
