@@ -60,23 +60,28 @@ def _string_list(value: Any) -> Any:
 
 
 class WorkerSettings(_Section):
+    """The worker of ``notifyq worker``, ``notifyq serve`` and ``App.run_worker``: how many
+    handlers run at once, which pools it claims from, leases, wake-ups and shutdown."""
+
     concurrency: Annotated[int, Field(ge=1, le=10_000)] = 10
-    """Handlers run at once per process. Defaults to 10."""
+    """Handlers run at once per process (``--concurrency`` overrides it). Defaults to 10."""
     pools: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["default"])
     """Pools this worker claims from, one producer each (``NOTIFYQ_WORKER__POOLS=default,emails``
-    or a JSON list). Defaults to ["default"]."""
+    or a JSON list; ``--pool`` overrides it). Defaults to ["default"], plus the pool of every
+    handler the app registers (e.g. ``webhooks``) while this setting is not set."""
     poll_interval_s: Seconds = 1.0
     """Fallback poll, jittered by ±10 %, for notifications that never came. Defaults to 1.0."""
     lease_s: Seconds = 30.0
     """How long a claim is valid without a heartbeat. Defaults to 30.0."""
     heartbeat_interval_s: Seconds | None = None
-    """How often running leases are extended (one statement for all). Defaults to lease_s / 3."""
+    """How often running leases are extended (one statement for all); less than lease_s.
+    Defaults to ``lease_s / 3``."""
     shutdown_grace_s: Annotated[float, Field(ge=0)] = 10.0
     """On shutdown, how long running handlers may finish before they are cancelled and their
     runs released. Defaults to 10.0."""
     listen: bool = True
-    """Use LISTEN/NOTIFY for instant wake-ups; False is poll-only (PgBouncer in transaction
-    mode without a listener DSN). Defaults to True."""
+    """Use LISTEN/NOTIFY for instant wake-ups; off, the worker only polls (PgBouncer in
+    transaction mode without a listener DSN). Defaults to True."""
     completer_batch_max: Annotated[int, Field(ge=1, le=10_000)] = 500
     """Most write-backs in one statement. Defaults to 500."""
 
@@ -110,29 +115,43 @@ class WorkerSettings(_Section):
 
 
 class ReaperSettings(_Section):
+    """The reaper (on the leader only): runs whose lease expired, because their worker died or
+    hung without heartbeating, go back to ``pending``, or to ``failed`` when out of
+    attempts."""
+
     enabled: bool = True
-    """Defaults to True."""
+    """Whether this process runs the reaper while it is the leader (off on every process, the
+    runs of a crashed worker are never rescued). Defaults to True."""
     interval_s: Seconds = 5.0
-    """Defaults to 5.0."""
+    """How often the leader looks for expired leases: a crashed worker's runs are back in line
+    within about lease_s plus this. Defaults to 5.0."""
     batch_size: Annotated[int, Field(ge=1)] = 1000
     """Most runs rescued per statement. Defaults to 1000."""
 
 
 class ResumerSettings(_Section):
+    """The resumer (on the leader only): waiting runs whose wait is over (a durable sleep that
+    elapsed, a wait past its deadline) go back in line."""
+
     enabled: bool = True
-    """Defaults to True."""
+    """Whether this process runs the resumer while it is the leader (off on every process,
+    durable sleeps and wait deadlines never end). Defaults to True."""
     interval_s: Seconds = 0.5
     """How often due durable sleeps and wait deadlines are looked for: a sleep resumes within
     about this much of its end. Defaults to 0.5."""
     batch_size: Annotated[int, Field(ge=1)] = 1000
-    """Defaults to 1000."""
+    """Most waiting runs put back in line per statement. Defaults to 1000."""
 
 
 class PurgerSettings(_Section):
+    """The purger (on the leader only): deletes finished runs past their retention and queued
+    signals nobody waited for, in batches, so the tables stay small."""
+
     enabled: bool = True
-    """Defaults to True."""
+    """Whether this process runs the purger while it is the leader (off on every process,
+    finished runs and unreceived signals are kept forever). Defaults to True."""
     interval_s: Seconds = 60.0
-    """Defaults to 60.0."""
+    """How often the leader purges. Defaults to 60.0."""
     batch_size: Annotated[int, Field(ge=1)] = 2000
     """Most rows deleted per statement (each batch is its own short transaction). Defaults to
     2000."""
@@ -141,7 +160,7 @@ class PurgerSettings(_Section):
     failed_retention_s: Seconds = 7 * 86_400.0
     """Failed and timed-out runs (the dead-letter) are kept this long. Defaults to 7 days."""
     canceled_retention_s: Seconds = 86_400.0
-    """Defaults to 1 day."""
+    """Canceled runs are kept this long. Defaults to 1 day."""
     signal_retention_s: Seconds = 7 * 86_400.0
     """A signal no run has waited for (queued for the next ``wait_for_signal`` on its token) is
     dropped after this long. Defaults to 7 days."""
@@ -158,6 +177,9 @@ class EnqueueSettings(_Section):
 
 
 class LeaderSettings(_Section):
+    """The election that makes one worker process of the cluster the leader, the one that runs
+    the reaper, the resumer and the purger."""
+
     ttl_s: Seconds = 15.0
     """A leader that stops renewing loses the role after this. Defaults to 15.0."""
 
@@ -171,8 +193,8 @@ class ApiToken(_Section):
     """The bearer token itself (at least 16 characters). Required."""
     scopes: list[Literal["read", "admin"]] = Field(
         default_factory=lambda: ["read"])  # type: ignore[arg-type]
-    """``read`` lists and gets; ``admin`` also enqueues, cancels and retries. Defaults to
-    ["read"]."""
+    """``read`` lists and gets; ``admin`` may also change things (enqueue, cancel, retry,
+    signals, keys, webhooks). Defaults to ["read"]."""
 
     @model_validator(mode="after")
     def _check(self) -> ApiToken:
@@ -187,9 +209,11 @@ class ApiSettings(_Section):
     host: str = "127.0.0.1"
     """Address to bind. Defaults to "127.0.0.1" (a non-loopback address needs a token)."""
     port: Annotated[int, Field(ge=0, le=65_535)] = 8080
-    """Defaults to 8080."""
+    """Port to bind (``--port`` overrides it). Defaults to 8080."""
     admin_token: SecretStr | None = None
-    """Bearer token with every scope; also ``NOTIFYQ_ADMIN_TOKEN``. Defaults to none."""
+    """Bearer token with every scope; also ``NOTIFYQ_ADMIN_TOKEN``. With no token configured
+    at all, ``notifyq serve`` on a loopback address generates one and says where it keeps it.
+    Defaults to none."""
     read_token: SecretStr | None = None
     """Bearer token with the read scope; also ``NOTIFYQ_READ_TOKEN``. Defaults to none."""
     tokens: list[ApiToken] = Field(default_factory=list)
@@ -213,9 +237,9 @@ class WebhookSettings(_Section):
 
     enabled: bool | None = None
     """Whether this process installs webhooks (``app.webhooks``, the ``webhook.deliver``
-    handler and a producer for the ``webhooks`` pool). Defaults to unset: enabled when a
-    keyring is configured (endpoint secrets are stored encrypted), so a worker without keys
-    does not poll a pool nobody uses. True without a keyring is an error."""
+    handler and a producer for the ``webhooks`` pool); true without a keyring is an error.
+    Defaults to none: enabled when a keyring is configured (endpoint secrets are stored
+    encrypted), so a worker without keys does not poll a pool nobody uses."""
 
     allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """CIDRs the SSRF guard lets through although they are not public (e.g.
@@ -224,7 +248,7 @@ class WebhookSettings(_Section):
     https_only: bool = False
     """Refuse ``http://`` endpoint URLs. Defaults to False."""
     connect_timeout_s: Seconds = 5.0
-    """Defaults to 5.0."""
+    """How long connecting to the receiver may take; at most timeout_s. Defaults to 5.0."""
     timeout_s: Seconds = 15.0
     """The whole attempt (connect, send, response and its body), enforced by notifyq: a server
     that drips bytes cannot hold a worker longer. Defaults to 15.0."""
@@ -298,22 +322,32 @@ class Settings(BaseSettings):
     )
 
     database_url: str | None = None
-    """libpq connection string or URL. Required (the sidecar can embed one instead)."""
+    """The PostgreSQL to use: a libpq connection string or URL. Without it, ``notifyq serve``,
+    ``worker`` and ``migrate`` start the embedded PostgreSQL (extra ``notifyq[embedded]``) and
+    everything else refuses to start. Defaults to none."""
     listen_database_url: str | None = None
     """A separate DSN for the LISTEN connection (e.g. direct to PostgreSQL when the pool goes
-    through PgBouncer in transaction mode). Defaults to database_url."""
+    through PgBouncer in transaction mode). Defaults to ``database_url``."""
     schema_name: str = "notifyq"
-    """The PostgreSQL schema holding notifyq's tables. Defaults to "notifyq"."""
+    """The PostgreSQL schema holding notifyq's tables and SQL functions (lowercase letters,
+    digits and ``_``). Defaults to "notifyq"."""
     env: Literal["production", "development", "test"] = "production"
-    """Defaults to "production"."""
+    """What a job type registered twice in one app does: ``production`` refuses it
+    (``ConfigError``), ``development`` lets the later handler win with a warning, ``test`` lets
+    it win silently. Defaults to "production"."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    """Defaults to "INFO"."""
+    """Level of the log the ``notifyq`` commands write to stderr (an ``App`` inside your own
+    process logs through your logging setup). Defaults to "INFO"."""
     log_format: Literal["auto", "json", "text"] = "auto"
-    """``auto``: JSON lines when stderr is not a terminal, text when it is. Defaults to "auto"."""
+    """Format of the ``notifyq`` commands' log: ``auto`` is JSON lines when stderr is not a
+    terminal, text when it is. Defaults to "auto"."""
     pool_max_size: Annotated[int, Field(ge=1, le=1000)] = 10
-    """Connections in the process's pool. Defaults to 10."""
+    """Connections in the process's pool (a worker opens one more, to LISTEN). Defaults to
+    10."""
     max_input_bytes: Annotated[int, Field(ge=1, le=65_536)] = 65_536
-    """Largest serialized input accepted. Defaults to 65536 (the hard limit)."""
+    """Largest serialized input of a run this process enqueues (``PayloadTooLarge`` above it);
+    the database refuses more than 65536 bytes whatever this says. Defaults to 65536 (the hard
+    limit)."""
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     enqueue: EnqueueSettings = Field(default_factory=EnqueueSettings)
     reaper: ReaperSettings = Field(default_factory=ReaperSettings)
@@ -325,11 +359,13 @@ class Settings(BaseSettings):
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     keys: SecretStr | None = None
     """Master keys, ``VERSION:BASE64`` of 32 bytes each, comma-separated (every version but the
-    active one is decrypt-only). Defaults to none (no keyring)."""
+    active one is decrypt-only); never logged, never stored in the database. Defaults to none
+    (no keyring)."""
     key_file: Path | None = None
-    """A file of ``VERSION:BASE64`` lines instead of ``keys``. Defaults to none."""
+    """A file of ``VERSION:BASE64`` lines instead of ``keys`` (not both). Defaults to none."""
     active_key_version: Annotated[int, Field(ge=1)] | None = None
-    """The version new secrets are encrypted under. Required with keys."""
+    """The version new secrets are encrypted under; required when ``keys`` or ``key_file`` is
+    set. Defaults to none."""
     encrypted_columns: list[EncryptedColumnSettings] = Field(default_factory=list)
     """Your encrypted columns (``NOTIFYQ_ENCRYPTED_COLUMNS`` as a JSON list of
     {"table", "pk", "column"}); code can add more with ``App.encrypted_column``. Defaults to
