@@ -1044,6 +1044,12 @@ CREATE INDEX job_signal_token_idx ON notifyq.job_signal USING btree (token, id);
 CREATE INDEX key_rotation_created_idx ON notifyq.key_rotation USING btree (created_at);
 
 --
+-- Name: webhook_attempt_endpoint_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX webhook_attempt_endpoint_idx ON notifyq.webhook_attempt USING btree (endpoint_id, created_at);
+
+--
 -- Name: webhook_attempt_message_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
@@ -1054,6 +1060,12 @@ CREATE INDEX webhook_attempt_message_idx ON notifyq.webhook_attempt USING btree 
 --
 
 CREATE INDEX webhook_delivery_endpoint_idx ON notifyq.webhook_delivery USING btree (endpoint_id, status);
+
+--
+-- Name: webhook_delivery_endpoint_message_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX webhook_delivery_endpoint_message_idx ON notifyq.webhook_delivery USING btree (endpoint_id, message_id);
 
 --
 -- Name: webhook_secret_endpoint_idx; Type: INDEX; Schema: notifyq; Owner: -

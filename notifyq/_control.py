@@ -1,10 +1,12 @@
-"""Operations on existing runs: get, list, cancel, retry, stats (CLI and API share these)."""
+"""Operations on existing runs: get, list, cancel, retry (one or many), stats, the per-pool
+overview and per-minute series, leaders and workers (CLI, API and dashboard share these)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any, LiteralString, NoReturn, TypedDict
+from typing import Any, Literal, LiteralString, NoReturn, TypedDict
 from uuid import UUID
 
 from psycopg.rows import class_row
@@ -84,9 +86,13 @@ class RunDetail:
     """In execution order."""
     children: list[Run]
     """Runs it spawned, oldest first."""
+    wait: dict[str, Any] | None = None
+    """What a ``waiting`` run waits for: ``kind`` (sleep, children, signal), ``until`` (the
+    sleep's end or the wait's deadline; None without one), ``token`` (a signal's),
+    ``waiting_on`` (children's ids) and ``children_done``."""
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.run.to_json(),
+        return {**self.run.to_json(), "wait": _jsonable(self.wait),
                 "steps": [{k: v.isoformat() if isinstance(v, datetime) else v
                            for k, v in step.items()} for step in self.steps],
                 "children": [{"id": str(c.id), "job_type": c.job_type,
@@ -94,6 +100,106 @@ class RunDetail:
 
 
 _step_row = typed_dict_row(StepRow)
+
+BulkAction = Literal["cancel", "retry"]
+BULK_STATUSES: dict[str, tuple[str, ...]] = {
+    "cancel": ("pending", "waiting", "running"),
+    "retry": ("failed", "canceled", "timed_out"),
+}
+"""The statuses each bulk action applies to (as the single-run cancel and retry)."""
+BULK_BATCH = 500
+BULK_MAX = 10_000
+"""Most runs one bulk request changes: 500 a transaction, about 0.1 s each on a busy table;
+what is left is counted in the answer, and the same request again goes on."""
+COUNT_CAP = BULK_MAX
+"""A count stops here: one confirmation changes at most this many anyway, and counting the
+rest of a broad filter would read the whole table."""
+_HEX = re.compile(r"^[0-9a-f]{1,32}$")
+_NO_WAIT_DEADLINE = 2900  # durable waits without a deadline run_at 2999-12-31
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFilter:
+    """Which runs a listing, a count or a bulk action is about. ``created_after`` /
+    ``created_before`` and ``id_prefix`` (hex digits, dashes ignored) bound the id: run ids are
+    UUIDv7, so each is a range of the primary key."""
+
+    status: str | None = None
+    job_type: str | None = None
+    pool: str | None = None
+    tag: str | None = None
+    scope_entity_type: str | None = None
+    scope_entity_id: str | None = None
+    tenant_id: str | None = None
+    trigger_source: str | None = None
+    parent_run_id: UUID | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    id_prefix: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None:
+            RunStatus(self.status)  # ValueError names the bad status
+        if self.id_prefix is not None and not _HEX.fullmatch(self.hex_prefix):
+            raise ValueError(f"id prefix {self.id_prefix!r} must be 1 to 32 hex digits "
+                             "(dashes allowed)")
+
+    @property
+    def hex_prefix(self) -> str:
+        return (self.id_prefix or "").replace("-", "").lower()
+
+    def params(self, before: UUID | None = None) -> dict[str, Any]:
+        """The query parameters: the filter's columns, ``min_id`` and ``before_id`` (the
+        tighter of ``before`` and the filter's upper bound)."""
+        low, high = [self.created_after and _id_at(self.created_after)], [
+            before, self.created_before and _id_at(self.created_before)]
+        if self.id_prefix is not None:
+            digits = self.hex_prefix
+            low.append(UUID(int=int(digits, 16) << 4 * (32 - len(digits))))
+            top = (int(digits, 16) + 1) << 4 * (32 - len(digits))
+            high.append(UUID(int=top) if top < 1 << 128 else None)
+        lows = [u for u in low if u is not None]
+        highs = [u for u in high if u is not None]
+        columns = {k: v for k, v in asdict(self).items()
+                   if k not in ("created_after", "created_before", "id_prefix")}
+        return {**columns, "min_id": max(lows, default=None),
+                "before_id": min(highs, default=None)}
+
+
+def _id_at(moment: datetime) -> UUID:
+    """The smallest UUIDv7 of ``moment``'s millisecond."""
+    millis = int(moment.timestamp() * 1000)
+    return UUID(int=max(0, millis) << 80)
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """A bulk action's answer: ``changed`` runs (``requested`` running ones asked to stop, for
+    a cancel); ``remaining``: matching runs left when the request stopped at ``BULK_MAX``."""
+
+    action: str
+    changed: int
+    requested: int = 0
+    remaining: int = 0
+    ids: list[UUID] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"action": self.action, "changed": self.changed, "requested": self.requested,
+                "remaining": self.remaining}
+
+
+@dataclass(frozen=True, slots=True)
+class Workers:
+    """The workers alive. ``registry`` is False while the database has no worker registry
+    (it comes with the run-storage redesign): then ``items`` is empty and says nothing."""
+
+    registry: bool
+    items: list[dict[str, Any]]
+    leaders: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"registry": self.registry, "items": [_jsonable(w) for w in self.items],
+                "leaders": [_jsonable(r) for r in self.leaders]}
 
 
 class RunControl:
@@ -107,21 +213,70 @@ class RunControl:
             raise RunNotFound(f"no run {run_id}")
         return run
 
-    async def list_runs(self, conn: AsyncConn, *, status: str | None = None,
-                        job_type: str | None = None, pool: str | None = None,
-                        tag: str | None = None, scope_entity_type: str | None = None,
-                        scope_entity_id: str | None = None, tenant_id: str | None = None,
-                        trigger_source: str | None = None, parent_run_id: UUID | None = None,
-                        limit: int = 50, before: UUID | None = None) -> list[Run]:
-        """Newest first; pass the last run's id as ``before`` for the next page."""
-        if status is not None:
-            RunStatus(status)  # ValueError names the bad status
+    async def list_runs(self, conn: AsyncConn, *, limit: int = 50, before: UUID | None = None,
+                        **filters: Any) -> list[Run]:
+        """Newest first; pass the last run's id as ``before`` for the next page. ``filters``
+        are :class:`RunFilter`'s fields."""
+        return await self.list_filtered(conn, RunFilter(**filters), limit=limit, before=before)
+
+    async def list_filtered(self, conn: AsyncConn, where: RunFilter, *, limit: int = 50,
+                            before: UUID | None = None) -> list[Run]:
         return await self._runs(conn, self._q.job_run_list, {
-            "status": status, "job_type": job_type, "pool": pool, "tag": tag,
-            "scope_entity_type": scope_entity_type, "scope_entity_id": scope_entity_id,
-            "tenant_id": tenant_id, "trigger_source": trigger_source,
-            "parent_run_id": parent_run_id, "limit": max(1, min(limit, MAX_PAGE)),
-            "before_id": before})
+            **where.params(before), "limit": max(1, min(limit, MAX_PAGE))})
+
+    async def count(self, conn: AsyncConn, where: RunFilter, action: BulkAction) -> int:
+        """Runs matching ``where`` that ``action`` applies to, counted up to ``COUNT_CAP``."""
+        cur = await conn.execute(self._q.job_run_count, {
+            **where.params(), "statuses": list(BULK_STATUSES[action]), "cap": COUNT_CAP})
+        row = await cur.fetchone()
+        return int(row["n"]) if row else 0
+
+    async def bulk(self, conn: AsyncConn, action: BulkAction, *,
+                   ids: list[UUID] | None = None, where: RunFilter | None = None,
+                   limit: int = BULK_MAX) -> BulkResult:
+        """Cancel or retry the runs ``ids``, or those matching ``where``, as the single-run
+        actions do (runs the action does not apply to are left as they are), ``BULK_BATCH``
+        a transaction, at most ``limit`` in one call."""
+        if (ids is None) == (where is None):
+            raise ValueError("bulk: give either ids or a filter")
+        if ids is not None:
+            return await self._bulk_ids(conn, action, ids[:limit])
+        assert where is not None  # noqa: S101 - checked above
+        done: list[dict[str, Any]] = []
+        before = None
+        while len(done) < limit:
+            cur = await conn.execute(self._q.job_run_list_ids, {
+                **where.params(before), "statuses": list(BULK_STATUSES[action]),
+                "limit": min(BULK_BATCH, limit - len(done))})
+            page = [r["id"] for r in await cur.fetchall()]
+            if not page:
+                break
+            done += await self._change(conn, action, page)
+            before = page[-1]
+        remaining = await self.count(conn, where, action) if len(done) >= limit else 0
+        return _bulk_result(action, done, remaining)
+
+    async def _bulk_ids(self, conn: AsyncConn, action: BulkAction,
+                        ids: list[UUID]) -> BulkResult:
+        done: list[dict[str, Any]] = []
+        for start in range(0, len(ids), BULK_BATCH):
+            done += await self._change(conn, action, ids[start:start + BULK_BATCH])
+        return _bulk_result(action, done, 0)
+
+    async def _change(self, conn: AsyncConn, action: BulkAction,
+                      ids: list[UUID]) -> list[dict[str, Any]]:
+        query = self._q.job_run_cancel_many if action == "cancel" else self._q.job_run_retry_many
+        async with conn.transaction():
+            rows = await (await conn.execute(query, {
+                "ids": ids, "now": self._clock.db_now()})).fetchall()
+            if action == "cancel":
+                payloads = [cancel_payload(r["id"]) for r in rows
+                            if r["status"] == RunStatus.RUNNING]
+            else:
+                payloads = [wake_payload(pool) for pool in sorted({r["pool"] for r in rows})]
+            if payloads:
+                await self._notify(conn, payloads)
+        return rows
 
     async def cancel(self, conn: AsyncConn, run_id: UUID) -> Run:
         """Cancel a pending or waiting run at once; ask a running one's worker to stop."""
@@ -157,12 +312,16 @@ class RunControl:
             return await cur.fetchall()
 
     async def detail(self, conn: AsyncConn, run_id: UUID, *, limit: int = 1000) -> RunDetail:
-        """The run, its step timeline and its children (at most ``limit`` of each)."""
-        run = await self.get(conn, run_id)
+        """The run, its step timeline, its children (at most ``limit`` of each) and what it
+        waits for."""
+        row = await (await conn.execute(self._q.job_run_get, {"id": run_id})).fetchone()
+        if row is None:
+            raise RunNotFound(f"no run {run_id}")
         steps = (await self.steps(conn, run_id))[:limit]
         children = await self._runs(conn, self._q.job_run_list_children, {
             "parent_run_id": run_id, "limit": limit})
-        return RunDetail(run, [_timed(step) for step in steps], children)
+        return RunDetail(Run.from_row(row), [_timed(step) for step in steps], children,
+                         _wait(row))
 
     async def stats(self, conn: AsyncConn) -> Stats:
         async with conn.cursor(row_factory=class_row(StatusCount)) as cur:
@@ -185,6 +344,32 @@ class RunControl:
             await cur.execute(query, params)
             return await cur.fetchall()
 
+    async def overview(self, conn: AsyncConn) -> list[dict[str, Any]]:
+        """Per pool: runnable, scheduled, running, waiting, failed in the last hour and the
+        oldest runnable run's age in seconds."""
+        return await self._read(conn, self._q.job_run_pool_overview,
+                                {"now": self._clock.db_now()})
+
+    async def series(self, conn: AsyncConn, minutes: int = 60) -> list[dict[str, Any]]:
+        """Per minute of the last ``minutes``, oldest first: completed, failed, and the p50
+        and p95 queue latency (run_at to start) of runs that ran once."""
+        return await self._read(conn, self._q.job_run_series, {
+            "now": self._clock.db_now(), "minutes": max(1, min(minutes, 24 * 60))})
+
+    async def list_workers(self, conn: AsyncConn) -> Workers:
+        """The workers alive and who leads. Workers do not register in the database yet (no
+        worker registry before the run-storage redesign): ``registry`` False and no items,
+        never a guess."""
+        cur = await conn.execute(self._q.leader_list, {"now": self._clock.db_now()})
+        return Workers(registry=False, items=[], leaders=await cur.fetchall())
+
+    async def _read(self, conn: AsyncConn, query: str,
+                    params: dict[str, Any]) -> list[dict[str, Any]]:
+        """An aggregate for the dashboard, planned without JIT (see job_run_read_no_jit)."""
+        async with conn.transaction():
+            await conn.execute(self._q.job_run_read_no_jit)
+            return await (await conn.execute(query, params)).fetchall()
+
     async def _explain(self, conn: AsyncConn, run_id: UUID, action: str) -> NoReturn:
         run = await self.get(conn, run_id)
         raise InvalidTransition(f"cannot {action} run {run_id}: it is {run.status.value}")
@@ -198,3 +383,31 @@ def _timed(step: StepRow) -> TimedStep:
     started, finished = step["started_at"], step["finished_at"]
     duration = (finished - started).total_seconds() if started and finished else None
     return {**step, "duration_s": duration, "memoized": step["status"] == "completed"}
+
+
+def _wait(row: dict[str, Any]) -> dict[str, Any] | None:
+    if row.get("status") != RunStatus.WAITING or row.get("wait_kind") is None:
+        return None
+    until = row["run_at"]
+    return {"kind": row["wait_kind"],
+            "until": None if until.year >= _NO_WAIT_DEADLINE else until,
+            "token": row.get("wait_token"),
+            "waiting_on": list(row.get("waiting_on") or []),
+            "children_done": list(row.get("children_done") or [])}
+
+
+def _bulk_result(action: str, rows: list[dict[str, Any]], remaining: int) -> BulkResult:
+    running = sum(1 for r in rows if r["status"] == RunStatus.RUNNING) if action == "cancel" else 0
+    return BulkResult(action, len(rows) - running, running, remaining, [r["id"] for r in rows])
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    return value

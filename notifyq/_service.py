@@ -173,12 +173,23 @@ async def _serve_api(app: App, state: object, host: str, port: int, stop: anyio.
     assert isinstance(state, ServiceState)  # noqa: S101
     config = _api_config(app, host, port)
     log.info("admin API on http://%s:%d (OpenAPI at /v1/openapi.json)", host, port)
+    print(f"notifyq: dashboard at {dashboard_url(host, port)} (sign in with an API token)",
+          file=sys.stderr, flush=True)
     try:
         await hypercorn_serve(create_api(app, state), config,  # type: ignore[arg-type]
                               shutdown_trigger=stop.wait)
     except OSError as exc:  # taken between check_address_free and now
         raise _bind_error(config, exc) from None
     stop.set()
+
+
+def dashboard_url(host: str, port: int) -> str:
+    """Where a browser on this host finds the dashboard (a wildcard bind is reached on
+    loopback)."""
+    if host in ("0.0.0.0", "::", "[::]", ""):  # noqa: S104 - naming the wildcard, not binding
+        host = "127.0.0.1"
+    shown = f"[{host.strip('[]')}]" if ":" in host else host
+    return f"http://{shown}:{port}/ui/"
 
 
 async def _stop_on_signal(stop: anyio.Event) -> None:

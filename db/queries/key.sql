@@ -35,7 +35,8 @@ ORDER BY k.created_at DESC
 LIMIT 1
 
 -- name: key_rotation_latest
-SELECT k.run_id, k.target_version, k.created_at, r.status, r.attempts, r.finished_at
+SELECT k.run_id, k.target_version, k.created_at, r.status, r.attempts, r.started_at,
+       r.finished_at
 FROM {schema}.key_rotation k JOIN {schema}.job_run r ON r.id = k.run_id
 ORDER BY k.created_at DESC
 LIMIT 1

@@ -15,3 +15,10 @@ RETURNING l.leader_id
 
 -- name: leader_resign
 DELETE FROM {schema}.leader WHERE name = %(name)s AND leader_id = %(leader_id)s
+
+-- name: leader_list
+-- Who holds each role now (`alive`: the lease has not expired on the database clock).
+SELECT name, leader_id, elected_at, expires_at,
+       expires_at > coalesce(%(now)s::timestamptz, now()) AS alive
+FROM {schema}.leader
+ORDER BY name

@@ -90,3 +90,15 @@ SET status = 'pending', attempts = 0, updated_at = coalesce(%(now)s::timestamptz
 FROM picked p
 WHERE d.message_id = p.message_id AND d.endpoint_id = p.endpoint_id
 RETURNING d.message_id, d.run_id
+
+-- name: webhook_delivery_list_by_endpoint
+-- One endpoint's deliveries, newest message first, keyset-paged with `before` (a message id);
+-- walks webhook_delivery_endpoint_message_idx (0008) instead of every delivery of the endpoint.
+SELECT d.message_id AS id, m.event_type, m.created_at, octet_length(m.body) AS size,
+       d.status, d.attempts, d.last_status_code, d.last_error, d.last_attempt_at
+FROM {schema}.webhook_delivery d
+JOIN {schema}.webhook_message m ON m.id = d.message_id
+WHERE d.endpoint_id = %(endpoint_id)s
+  AND (%(before)s::text IS NULL OR d.message_id < %(before)s::text)
+ORDER BY d.message_id DESC
+LIMIT %(limit)s

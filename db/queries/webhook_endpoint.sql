@@ -60,3 +60,32 @@ RETURNING *
 
 -- name: webhook_endpoint_delete
 DELETE FROM {schema}.webhook_endpoint WHERE id = %(id)s RETURNING id
+
+-- name: webhook_endpoint_health
+-- Per endpoint (all when `ids` is NULL, at most `limit`): attempts and 2xx answers in the last
+-- `window_s`,
+-- the last attempt and the last failed one. Reads webhook_attempt_endpoint_idx (0008).
+SELECT e.id AS endpoint_id, s.attempts, s.succeeded,
+       l.created_at AS last_attempt_at, l.status_code AS last_status_code,
+       f.created_at AS last_failure_at, f.status_code AS last_failure_status_code,
+       f.error_kind AS last_failure_kind, f.error AS last_failure_error
+FROM {schema}.webhook_endpoint e
+CROSS JOIN LATERAL (
+    SELECT count(*) AS attempts,
+           count(*) FILTER (WHERE a.status_code BETWEEN 200 AND 299) AS succeeded
+    FROM {schema}.webhook_attempt a
+    WHERE a.endpoint_id = e.id
+      AND a.created_at >= coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_s)s)
+) s
+LEFT JOIN LATERAL (
+    SELECT created_at, status_code FROM {schema}.webhook_attempt a
+    WHERE a.endpoint_id = e.id ORDER BY a.created_at DESC LIMIT 1
+) l ON true
+LEFT JOIN LATERAL (
+    SELECT created_at, status_code, error_kind, error FROM {schema}.webhook_attempt a
+    WHERE a.endpoint_id = e.id AND (a.status_code IS NULL OR a.status_code NOT BETWEEN 200 AND 299)
+    ORDER BY a.created_at DESC LIMIT 1
+) f ON true
+WHERE %(ids)s::uuid[] IS NULL OR e.id = ANY (%(ids)s::uuid[])
+ORDER BY e.id
+LIMIT %(limit)s

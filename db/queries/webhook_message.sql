@@ -8,3 +8,15 @@ FROM {schema}._send_webhook(%(event_type)s, %(payload)s::jsonb, %(endpoint_id)s:
 
 -- name: webhook_message_get
 SELECT * FROM {schema}.webhook_message WHERE id = %(id)s
+
+-- name: webhook_message_list
+-- Newest first (ids are msg_ + a UUIDv7 in hex: time-ordered), keyset-paged with `before`.
+SELECT m.id, m.event_type, m.endpoint_id AS sent_to, m.idempotency_key, m.created_at,
+       octet_length(m.body) AS size,
+       (SELECT count(*) FROM {schema}.webhook_delivery d WHERE d.message_id = m.id) AS deliveries,
+       (SELECT count(*) FROM {schema}.webhook_delivery d
+        WHERE d.message_id = m.id AND d.status = 'failed') AS failed
+FROM {schema}.webhook_message m
+WHERE (%(before)s::text IS NULL OR m.id < %(before)s::text)
+ORDER BY m.id DESC
+LIMIT %(limit)s

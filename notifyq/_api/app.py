@@ -17,7 +17,7 @@ import anyio
 import psycopg
 from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -29,6 +29,7 @@ from notifyq._dispatch.worker import Worker
 from notifyq._http import problems
 from notifyq._http.auth import Authenticator
 from notifyq._http.metrics import CONTENT_TYPE, Metrics
+from notifyq._ui.app import create_ui
 
 log = logging.getLogger("notifyq.api")
 
@@ -125,7 +126,7 @@ class JsonBodies:
 
 def create_api(app: App, state: ServiceState) -> FastAPI:
     """The admin API for ``app``: ``/v1`` (OpenAPI at ``/v1/openapi.json``), ``/healthz``,
-    ``/readyz`` and ``/metrics``."""
+    ``/readyz``, ``/metrics`` and the dashboard at ``/ui/``."""
     auth = Authenticator(app.settings.api)
     api = FastAPI(title="notifyq admin API", version="1", openapi_url="/v1/openapi.json",
                   docs_url=None, redoc_url=None)
@@ -134,6 +135,7 @@ def create_api(app: App, state: ServiceState) -> FastAPI:
                        dependencies=[Depends(problems.remember_route)])
     _add_probes(api, app, state)
     _add_docs(api)
+    _add_dashboard(api, app, auth)
     api.add_middleware(JsonBodies)
     api.add_middleware(BodyLimit, max_bytes=app.settings.api.max_body_bytes)
     api.add_middleware(problems.Unexpected)  # added last: the outermost, sees every error
@@ -160,6 +162,15 @@ def _add_docs(api: FastAPI) -> None:
             oauth2_redirect_url=None,
             # Swagger UI would send the document to validator.swagger.io for a badge.
             swagger_ui_parameters={"validatorUrl": None})
+
+
+def _add_dashboard(api: FastAPI, app: App, auth: Authenticator) -> None:
+    """The dashboard at ``/ui/`` (sign in with an API token; see notifyq/_ui/app.py)."""
+    api.mount("/ui", create_ui(app, auth), name="ui")
+
+    @api.get("/ui", include_in_schema=False)
+    async def dashboard(request: Request) -> RedirectResponse:
+        return RedirectResponse(f"{request.scope.get('root_path', '')}/ui/", status_code=308)
 
 
 def _add_probes(api: FastAPI, app: App, state: ServiceState) -> None:

@@ -10,7 +10,9 @@ from fastapi import APIRouter, Body, Depends, Path, Query
 from fastapi.responses import JSONResponse
 
 from notifyq._api import schemas
+from notifyq._api.cluster import add_cluster_routes, run_filter
 from notifyq._app import App
+from notifyq._control import RunFilter
 from notifyq._crypto.ciphertext import MAX_VERSION
 from notifyq._enqueue.request import EnqueueRequest
 from notifyq._errors import ConfigError, InvalidEnqueue, PayloadTooLarge
@@ -19,14 +21,10 @@ from notifyq._http.gate import SchemaGate
 from notifyq._http.problems import problem
 from notifyq._http.schemas import responses_for
 from notifyq._limits import (
-    JOB_TYPE,
-    MAX_KEY_LEN,
     MAX_PAGE,
     MAX_SIGNAL_TOKEN_LEN,
-    MAX_TAG_LEN,
-    POOL,
 )
-from notifyq._run import Run, RunStatus
+from notifyq._run import Run
 from notifyq._webhooks.routes import add_webhook_routes
 
 DETAIL_LIMIT = 1000  # most steps / children shown with a job
@@ -42,6 +40,13 @@ AllowUnknownType = Annotated[bool | None, Query(description=(
 
 def _run(run: Run) -> dict[str, Any]:
     return run.to_json()
+
+
+def _filter_of(body: schemas.FilterIn) -> RunFilter:
+    fields = body.model_dump()
+    if body.status is not None:
+        fields["status"] = body.status.value
+    return RunFilter(**fields)
 
 
 def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRouter:
@@ -85,32 +90,43 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
         async with db.connection() as conn:
             detail = await app._control.detail(conn, id, limit=DETAIL_LIMIT)
         return {**_run(detail.run), "steps": detail.steps,
-                "children": [_run(c) for c in detail.children]}
+                "children": [_run(c) for c in detail.children], "wait": detail.wait}
 
     @router.get("/jobs", dependencies=read, response_model=schemas.RunPage,
                 responses=responses_for(422, *AUTH), summary="Runs, newest first")
-    async def list_jobs(  # noqa: PLR0917 - one parameter per query filter
-        status: RunStatus | None = None,
-        type: Annotated[str | None, Query(pattern=JOB_TYPE.pattern)] = None,
-        pool: Annotated[str | None, Query(pattern=POOL.pattern)] = None,
-        tag: Annotated[str | None, Query(min_length=1, max_length=MAX_TAG_LEN,
-                                         pattern=r"^[^\x00]+$")] = None,
-        scope: Annotated[str | None, Query(min_length=1, max_length=MAX_KEY_LEN,
-                                           pattern=r"^[^\x00]+$")] = None,
-        scope_id: Annotated[str | None, Query(min_length=1, max_length=MAX_KEY_LEN,
-                                              pattern=r"^[^\x00]+$")] = None,
-        tenant: Annotated[str | None, Query(min_length=1, max_length=MAX_KEY_LEN,
-                                            pattern=r"^[^\x00]+$")] = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-        cursor: Annotated[UUID | None, Query(description="next_cursor of the previous page")
-                          ] = None,
-    ) -> dict[str, Any]:
-        runs = await app.list_runs(status=status.value if status else None, job_type=type,
-                                   pool=pool, tag=tag, scope_entity_type=scope,
-                                   scope_entity_id=scope_id, tenant_id=tenant, limit=limit,
-                                   before=cursor)
+    async def list_jobs(where: Annotated[RunFilter, Depends(run_filter)],
+                        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+                        cursor: Annotated[UUID | None, Query(
+                            description="next_cursor of the previous page")] = None,
+                        ) -> dict[str, Any]:
+        async with (await app.pool()).connection() as conn:
+            runs = await app._control.list_filtered(conn, where, limit=limit, before=cursor)
         return {"items": [_run(r) for r in runs],
                 "next_cursor": str(runs[-1].id) if len(runs) == limit else None}
+
+    @router.post("/jobs/bulk", dependencies=admin, response_model=schemas.BulkOut,
+                 responses=responses_for(422, *AUTH),
+                 summary="Cancel or retry many runs: by id, or all that match a filter "
+                         "(dry_run: only count them)")
+    async def bulk(body: schemas.BulkIn) -> Any:
+        if (body.ids is None) == (body.filter is None):
+            return problem(422, "give either ids or filter", field="body")
+        async with (await app.pool()).connection() as conn:
+            if body.filter is not None:
+                try:
+                    where = _filter_of(body.filter)
+                except ValueError as exc:
+                    return problem(422, f"filter: {exc}", field="filter")
+                if body.dry_run:
+                    return {"action": body.action, "dry_run": True,
+                            "matched": await app._control.count(conn, where, body.action)}
+                result = await app._control.bulk(conn, body.action, where=where)
+            else:
+                if body.dry_run:
+                    return problem(422, "dry_run counts a filter's runs; with ids, the count "
+                                   "is theirs", field="dry_run")
+                result = await app._control.bulk(conn, body.action, ids=body.ids)
+        return {**result.to_json(), "dry_run": False}
 
     @router.post("/jobs/{id}/cancel", dependencies=admin, response_model=schemas.RunOut,
                  responses=responses_for(404, 409, 422, *AUTH),
@@ -129,6 +145,7 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
     async def stats() -> dict[str, Any]:
         return (await app.stats()).to_json()
 
+    add_cluster_routes(router, app, read)
     _add_signals(router, app, admin)
     _add_keys(router, app, read, admin)
     if app._webhooks is not None:  # only what this server does is in its OpenAPI document

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -20,6 +20,7 @@ from notifyq._limits import (
     MAX_TAGS,
     PRIORITY_RANGE,
 )
+from notifyq._run import RunStatus
 
 JsonValue = dict[str, Any] | list[Any]
 
@@ -93,9 +94,18 @@ class StepOut(BaseModel):
     finished_at: datetime | None = None
 
 
+class WaitOut(BaseModel):
+    kind: str = Field(description="sleep, children or signal")
+    until: datetime | None = Field(None, description="the sleep's end or the wait's deadline")
+    token: str | None = None
+    waiting_on: list[UUID] = Field(default_factory=list)
+    children_done: list[UUID] = Field(default_factory=list)
+
+
 class RunDetail(RunOut):
     steps: list[StepOut] = Field(default_factory=list)
     children: list[RunOut] = Field(default_factory=list)
+    wait: WaitOut | None = Field(None, description="what a waiting run waits for")
 
 
 class RunPage(BaseModel):
@@ -141,3 +151,94 @@ class RotationOut(BaseModel):
 class Health(BaseModel):
     status: str
     checks: dict[str, str] = Field(default_factory=dict)
+
+
+class FilterIn(_In):
+    """Which runs: every field narrows; none set means every run."""
+
+    status: RunStatus | None = None
+    job_type: Annotated[Text, Field(min_length=1, max_length=128)] | None = None
+    pool: Annotated[Text, Field(min_length=1, max_length=64)] | None = None
+    tag: Annotated[Text, Field(min_length=1, max_length=128)] | None = None
+    scope_entity_type: Annotated[Text, Field(min_length=1, max_length=512)] | None = None
+    scope_entity_id: Annotated[Text, Field(min_length=1, max_length=512)] | None = None
+    tenant_id: Annotated[Text, Field(min_length=1, max_length=512)] | None = None
+    trigger_source: Literal["manual", "schedule", "event", "parent"] | None = None
+    parent_run_id: UUID | None = None
+    created_after: AwareDatetime | None = None
+    created_before: AwareDatetime | None = None
+    id_prefix: Annotated[str, Field(pattern=r"^[0-9a-fA-F-]*[0-9a-fA-F][0-9a-fA-F-]*$",
+                                    max_length=36)] | None = None
+
+
+class BulkIn(_In):
+    action: Literal["cancel", "retry"]
+    ids: Annotated[list[UUID], Field(min_length=1, max_length=10_000)] | None = None
+    filter: FilterIn | None = None
+    dry_run: bool = Field(False, description="with filter: only count the runs the action "
+                                             "applies to (up to 10,000)")
+
+
+class BulkOut(BaseModel):
+    action: str
+    dry_run: bool
+    matched: int | None = Field(None, description="dry_run: runs the action applies to")
+    changed: int | None = Field(None, description="runs canceled or put back in line")
+    requested: int | None = Field(None, description="running runs asked to stop")
+    remaining: int | None = Field(None, description="matching runs left: send it again")
+
+
+class PoolRow(BaseModel):
+    pool: str
+    runnable: int
+    scheduled: int
+    running: int
+    waiting: int
+    failed_last_hour: int
+    oldest_runnable_age_s: float
+
+
+class PoolsOut(BaseModel):
+    items: list[PoolRow]
+
+
+class MinuteRow(BaseModel):
+    minute: datetime
+    completed: int
+    failed: int
+    latency_p50_s: float | None
+    latency_p95_s: float | None
+
+
+class SeriesOut(BaseModel):
+    items: list[MinuteRow]
+
+
+class LeaderRow(BaseModel):
+    name: str
+    leader_id: str
+    elected_at: datetime
+    expires_at: datetime
+    alive: bool
+
+
+class WorkersOut(BaseModel):
+    registry: bool = Field(description="false: workers do not register in this schema yet, "
+                                       "so items says nothing about them")
+    items: list[dict[str, Any]]
+    leaders: list[LeaderRow]
+
+
+class ScheduleRow(BaseModel):
+    name: str
+    job_type: str
+    every_s: float | None
+    last_tick_at: datetime | None
+    last_run_id: UUID | None
+    last_status: str | None
+    next_tick_at: datetime | None
+    registered_here: bool
+
+
+class SchedulesOut(BaseModel):
+    items: list[ScheduleRow]

@@ -47,6 +47,13 @@ class QueryNames:
     job_run_spawn_child: LiteralString
     job_run_status_many: LiteralString
     job_run_list_children: LiteralString
+    job_run_list_ids: LiteralString
+    job_run_count: LiteralString
+    job_run_cancel_many: LiteralString
+    job_run_retry_many: LiteralString
+    job_run_pool_overview: LiteralString
+    job_run_series: LiteralString
+    job_run_read_no_jit: LiteralString
 
     # db/queries/job_signal.sql
     job_signal_send: LiteralString
@@ -79,6 +86,7 @@ class QueryNames:
     # db/queries/leader.sql
     leader_attempt_elect: LiteralString
     leader_resign: LiteralString
+    leader_list: LiteralString
 
     # db/queries/migration.sql
     migration_lock: LiteralString
@@ -97,6 +105,7 @@ class QueryNames:
     # db/queries/periodic.sql
     periodic_tick_enqueue: LiteralString
     periodic_tick_prune: LiteralString
+    periodic_tick_latest: LiteralString
 
     # db/queries/webhook_attempt.sql
     webhook_attempt_record_many: LiteralString
@@ -110,6 +119,7 @@ class QueryNames:
     webhook_delivery_cancel_pending: LiteralString
     webhook_delivery_resend: LiteralString
     webhook_delivery_recover: LiteralString
+    webhook_delivery_list_by_endpoint: LiteralString
 
     # db/queries/webhook_endpoint.sql
     webhook_endpoint_insert: LiteralString
@@ -119,10 +129,12 @@ class QueryNames:
     webhook_endpoint_disable: LiteralString
     webhook_endpoint_enable: LiteralString
     webhook_endpoint_delete: LiteralString
+    webhook_endpoint_health: LiteralString
 
     # db/queries/webhook_message.sql
     webhook_message_send: LiteralString
     webhook_message_get: LiteralString
+    webhook_message_list: LiteralString
 
     # db/queries/webhook_secret.sql
     webhook_secret_insert: LiteralString

@@ -46,6 +46,10 @@ class Authenticator:
     def configured(self) -> bool:
         return bool(self._tokens)
 
+    def named(self, name: str) -> _Token | None:
+        """The token called ``name`` (a dashboard session names its token, never holds it)."""
+        return next((t for t in self._tokens if t.name == name), None)
+
     def identify(self, presented: str) -> _Token | None:
         """The token matching ``presented``; every token is compared, so the time taken does
         not tell which (or whether any) matched."""

@@ -98,8 +98,9 @@ class KeyAdmin:
         for entry in columns:
             entry["remaining"] = sum(n for v, n in entry["by_version"].items()
                                      if active is None or int(v) != active)
+        rotation = await self._rotation(conn)
         return {"active_version": active, "versions": versions, "columns": columns,
-                "rotation": await self._rotation(conn)}
+                "rotation": rotation, "progress": _progress(columns, rotation)}
 
     async def _rotation(self, conn: AnyConn) -> dict[str, Any] | None:
         q = self._queries
@@ -112,11 +113,15 @@ class KeyAdmin:
             progress = await cur.fetchall()
             await cur.execute(q.key_rotation_failure_count, {"run_id": row["run_id"]})
             failed = await cur.fetchone()
+        last = max((p["updated_at"] for p in progress), default=None)
+        busy_s = (last - row["started_at"]).total_seconds() if last and row["started_at"] else 0
+        reencrypted = sum(int(p["reencrypted"]) for p in progress)
         return {"run_id": str(row["run_id"]), "status": row["status"],
                 "target_version": row["target_version"], "created_at": _iso(row["created_at"]),
-                "finished_at": _iso(row["finished_at"]),
+                "started_at": _iso(row["started_at"]), "finished_at": _iso(row["finished_at"]),
                 "columns": [progress_json(p) for p in progress],
-                "undecryptable": int(failed["n"]) if failed else 0}
+                "undecryptable": int(failed["n"]) if failed else 0,
+                "rate_per_s": reencrypted / busy_s if busy_s > 0 and reencrypted else None}
 
     async def rotate(self, conn: AnyConn, *, batch_size: int | None = None,
                      pause_s: float | None = None) -> tuple[Run, bool]:
@@ -185,6 +190,22 @@ class KeyAdmin:
             await cur.execute(self._queries.key_rotation_failure_list,
                               {"run_id": run_id, "limit": limit})
             return [dict(r) for r in await cur.fetchall()]
+
+
+def _progress(columns: list[dict[str, Any]],
+              rotation: dict[str, Any] | None) -> dict[str, Any]:
+    """How far the keyring's data is on the active version: rows done (on it) of all rows of
+    the registered columns, and, while a rotation runs, its re-encryption rate (rows it
+    re-encrypted over the time from its start to its last checkpoint) and the time left at that
+    rate."""
+    total = sum(int(c["rows"]) for c in columns)
+    remaining = sum(int(c["remaining"]) for c in columns)
+    rate = rotation.get("rate_per_s") if rotation else None
+    running = rotation is not None and rotation["status"] in ("pending", "running")
+    return {"done": total - remaining, "total": total,
+            "percent": 100.0 if not total else round(100 * (total - remaining) / total, 1),
+            "rate_per_s": rate if running else None,
+            "eta_s": remaining / rate if running and rate and remaining else None}
 
 
 def progress_json(row: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ Every node tries, so a tick is not missed while leadership changes hands.
 from __future__ import annotations
 
 import logging
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,6 +26,7 @@ from notifyq._registry import PeriodicSpec
 log = logging.getLogger("notifyq.scheduler")
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NAME = re.compile(r"^(?P<job_type>.+)@(?P<ms>[0-9]+)ms$")
 
 
 def tick_at(now: datetime, every: timedelta) -> datetime:
@@ -70,3 +72,29 @@ class Scheduler:
         now = self._clock.now()
         waits = [(tick_at(now, s.every) + s.every - now).total_seconds() for s in self.schedules]
         return max(0.001, min(waits) + 0.001)
+
+
+async def schedule_list(conn: AsyncConn, queries: Queries, specs: list[PeriodicSpec],
+                        now: datetime) -> list[dict[str, Any]]:
+    """Every schedule this process registers or the database has ticks of (a day's worth),
+    with its last tick (and that run's status) and its next one. A schedule's name is
+    ``job_type@<every>ms``, so its interval is known even when another process registered
+    it; ``registered_here`` says whether this one did."""
+    cur = await conn.execute(queries.periodic_tick_latest)
+    last = {row["name"]: row for row in await cur.fetchall()}
+    mine = {spec.name: spec for spec in specs}
+    out = []
+    for name in sorted(mine.keys() | last.keys()):
+        match = _NAME.fullmatch(name)
+        every = mine[name].every if name in mine else (
+            timedelta(milliseconds=int(match["ms"])) if match else None)
+        tick = last.get(name, {})
+        out.append({
+            "name": name, "job_type": mine[name].job_type if name in mine else (
+                match["job_type"] if match else name),
+            "every_s": every.total_seconds() if every else None,
+            "last_tick_at": tick.get("tick_at"), "last_run_id": tick.get("run_id"),
+            "last_status": tick.get("status"),
+            "next_tick_at": tick_at(now, every) + every if every else None,
+            "registered_here": name in mine})
+    return out

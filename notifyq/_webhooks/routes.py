@@ -157,6 +157,28 @@ def add_webhook_routes(router: APIRouter, app: App, read: list[Any],
         return {"items": [e.to_json() for e in items],
                 "next_cursor": str(items[-1].id) if len(items) == limit else None}
 
+    @router.get("/webhooks/health", dependencies=read, responses=responses_for(422, *auth),
+                tags=["webhooks"],
+                summary="Per endpoint: attempts and success rate in the last day, the last "
+                        "attempt and the last failure")
+    async def health(window_s: Annotated[float, Query(gt=0, le=30 * 86_400)] = 86_400.0,
+                     ) -> Any:
+        rows = await app.webhooks.health(window_s=window_s)
+        return {"items": [_plain(r) for r in rows]}
+
+    @router.get("/webhooks/messages", dependencies=read, responses=responses_for(422, *auth),
+                tags=["webhooks"],
+                summary="Messages, newest first; with endpoint_id, that endpoint's deliveries")
+    async def list_messages(
+        endpoint_id: UUID | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        cursor: Annotated[str | None, Query(pattern=MESSAGE_ID)] = None,
+    ) -> Any:
+        rows = await app.webhooks.list_messages(endpoint_id=endpoint_id, before=cursor,
+                                                limit=limit)
+        return {"items": [_plain(r) for r in rows],
+                "next_cursor": rows[-1]["id"] if len(rows) == limit else None}
+
     @router.get("/webhooks/endpoints/{id}", dependencies=read, response_model=EndpointOut,
                 responses=responses_for(404, 422, *auth), tags=["webhooks"], summary="An endpoint")
     async def get_endpoint(id: UUID) -> Any:

@@ -56,6 +56,7 @@ DELIVER = "webhook.deliver"
 POOL = "webhooks"
 SECRET_TABLE = "webhook_secret"  # noqa: S105 - a table name
 ATTEMPTS_LISTED = 1000
+HEALTH_WINDOW_S = 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +299,31 @@ class Webhooks:
                                    {"message_id": message_id, "limit": limit}, attempt_row)
         return [{**r, "max_attempts": self.max_attempts if r["trigger"] == "scheduled"
                  else None} for r in rows]
+
+    async def list_messages(self, *, endpoint_id: UUID | str | None = None,
+                            before: str | None = None, limit: int = 50,
+                            conn: AnyConn | None = None) -> list[dict[str, Any]]:
+        """Messages, newest first (``before``: the last id of the previous page); with
+        ``endpoint_id``, that endpoint's deliveries with their state."""
+        q = self._rt.queries
+        async with self._conn(conn) as c:
+            if endpoint_id is None:
+                return await self._all(c, q.webhook_message_list,
+                                       {"before": before, "limit": limit}, dict_row)
+            return await self._all(c, q.webhook_delivery_list_by_endpoint, {
+                "endpoint_id": _uuid(endpoint_id), "before": before, "limit": limit}, dict_row)
+
+    async def health(self, *, endpoint_ids: list[UUID] | None = None,
+                     window_s: float = HEALTH_WINDOW_S, limit: int = 1000,
+                     conn: AnyConn | None = None) -> list[dict[str, Any]]:
+        """Per endpoint: attempts and 2xx answers in the last ``window_s`` (``success_rate``
+        None without attempts), the last attempt and the last failure."""
+        async with self._conn(conn) as c:
+            rows = await self._all(c, self._rt.queries.webhook_endpoint_health, {
+                "ids": endpoint_ids, "now": self._now(), "window_s": window_s, "limit": limit},
+                dict_row)
+        return [{**r, "window_s": window_s, "success_rate":
+                 r["succeeded"] / r["attempts"] if r["attempts"] else None} for r in rows]
 
     async def tries(self, runs: Sequence[Run], *,
                     conn: AnyConn | None = None) -> dict[UUID, tuple[int, int]]:

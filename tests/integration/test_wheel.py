@@ -217,7 +217,7 @@ def _assert_equal(actual: object, expected: object) -> None:
     assert actual == expected
 
 
-def test_serve_from_the_wheel_answers_probes_and_authenticated_v1_calls(
+def test_serve_from_the_wheel_answers_probes_v1_calls_and_serves_the_dashboard(
         installed: Installed, dsn: str, tmp_path: Path) -> None:
     with Served(dsn, tmp_path / "serve.log", notifyq=[installed.bin("notifyq")],
                 cwd=installed.elsewhere, env={"PYTHONNOUSERSITE": "1"}) as served:
@@ -233,5 +233,13 @@ def test_serve_from_the_wheel_answers_probes_and_authenticated_v1_calls(
             assert created.status_code == 201, created.text
             got = http.get(f"/v1/jobs/{created.json()['id']}")
             assert (got.status_code, got.json()["status"]) == (200, "pending")
+        # The dashboard: its URL on stderr, its pages and vendored assets from the package.
+        assert f"dashboard at {served.url}/ui/" in served.log()
+        with served.client(None) as browser:
+            assert browser.get("/ui/").status_code == 303
+            assert "Sign in" in browser.get("/ui/signin").text
+            htmx = browser.get("/ui/static/vendor/htmx/htmx.min.js")
+            assert htmx.status_code == 200
+            assert b"htmx" in htmx.content
         assert served.terminate() == 0, served.log()
     assert ADMIN not in served.log()

@@ -1,0 +1,86 @@
+"""The ``/v1`` routes about the cluster as a whole: the per-pool overview, per-minute series,
+workers and leaders, periodic schedules; and the run filter that ``GET /v1/jobs`` and the
+dashboard share. Thin calls into :class:`~notifyq._control.RunControl`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Query
+from fastapi.exceptions import RequestValidationError
+
+from notifyq._api import schemas
+from notifyq._app import App
+from notifyq._control import RunFilter
+from notifyq._http.schemas import responses_for
+from notifyq._limits import JOB_TYPE, POOL
+from notifyq._maintenance.scheduler import schedule_list
+from notifyq._run import RunStatus
+
+AUTH = (401, 403)
+Label = Annotated[str | None, Query(min_length=1, max_length=512, pattern=r"^[^\x00]+$")]
+
+
+def run_filter(  # noqa: PLR0917 - one parameter per query filter
+    status: RunStatus | None = None,
+    type: Annotated[str | None, Query(pattern=JOB_TYPE.pattern)] = None,
+    pool: Annotated[str | None, Query(pattern=POOL.pattern)] = None,
+    tag: Annotated[str | None, Query(min_length=1, max_length=128,
+                                     pattern=r"^[^\x00]+$")] = None,
+    scope: Label = None,
+    scope_id: Label = None,
+    tenant: Label = None,
+    parent: UUID | None = None,
+    created_after: Annotated[datetime | None, Query(
+        description="runs created at or after this time")] = None,
+    created_before: Annotated[datetime | None, Query(
+        description="runs created before this time")] = None,
+    id_prefix: Annotated[str | None, Query(
+        pattern=r"^[0-9a-fA-F-]*[0-9a-fA-F][0-9a-fA-F-]*$", max_length=36,
+        description="the start of the run id")] = None,
+) -> RunFilter:
+    """A FastAPI dependency: the query string's run filter (422 naming a bad parameter)."""
+    try:
+        return RunFilter(status=status.value if status else None, job_type=type, pool=pool,
+                         tag=tag, scope_entity_type=scope, scope_entity_id=scope_id,
+                         tenant_id=tenant, parent_run_id=parent, created_after=created_after,
+                         created_before=created_before, id_prefix=id_prefix)
+    except ValueError as exc:
+        raise RequestValidationError([{"loc": ("query", "id_prefix"), "msg": str(exc),
+                                       "type": "value_error"}]) from None
+
+
+def add_cluster_routes(router: APIRouter, app: App, read: list[Any]) -> None:
+    control = app._control
+
+    @router.get("/stats/pools", dependencies=read, response_model=schemas.PoolsOut,
+                responses=responses_for(*AUTH),
+                summary="Per pool: runnable, scheduled, running, waiting, failed in the last "
+                        "hour, oldest runnable age")
+    async def pools() -> dict[str, Any]:
+        async with (await app.pool()).connection() as conn:
+            return {"items": await control.overview(conn)}
+
+    @router.get("/stats/series", dependencies=read, response_model=schemas.SeriesOut,
+                responses=responses_for(*AUTH),
+                summary="Per minute: runs completed and failed, queue latency p50/p95")
+    async def series(minutes: Annotated[int, Query(ge=1, le=1440)] = 60) -> dict[str, Any]:
+        async with (await app.pool()).connection() as conn:
+            return {"items": await control.series(conn, minutes)}
+
+    @router.get("/workers", dependencies=read, response_model=schemas.WorkersOut,
+                responses=responses_for(*AUTH),
+                summary="Workers alive (once they register) and the current leaders")
+    async def workers() -> dict[str, Any]:
+        async with (await app.pool()).connection() as conn:
+            return (await control.list_workers(conn)).to_json()
+
+    @router.get("/schedules", dependencies=read, response_model=schemas.SchedulesOut,
+                responses=responses_for(*AUTH),
+                summary="Periodic schedules with their last and next tick")
+    async def schedules() -> dict[str, Any]:
+        async with (await app.pool()).connection() as conn:
+            return {"items": await schedule_list(conn, app._runtime.queries,
+                                                 app._registry.periodic, app.clock.now())}

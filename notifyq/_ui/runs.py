@@ -1,0 +1,183 @@
+"""Runs: the filtered, paged list (newest first, the API's cursor paging) with bulk cancel and
+retry of a selection or of the whole filter (counted, then confirmed), and a run's detail:
+input, output, error with its stack, the durable step timeline, children, what it waits for,
+and the actions cancel, retry and send a signal."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+
+from notifyq._app import App
+from notifyq._control import BULK_MAX, COUNT_CAP, BulkAction, RunFilter
+from notifyq._errors import InvalidEnqueue, InvalidTransition, RunNotFound
+from notifyq._run import RUN_STATUSES
+from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirect
+
+PAGE = 50
+FILTERS = ("status", "type", "pool", "tag", "tenant", "scope", "scope_id", "from", "to", "q")
+DONE = {"cancel": "Canceled", "retry": "Put back in line", "signal": "Signal sent"}
+
+
+def run_filter(params: dict[str, str]) -> RunFilter:
+    """The list's filter from its form fields (a Problem page, 422, naming a bad one)."""
+    try:
+        return RunFilter(
+            status=params.get("status"), job_type=params.get("type"), pool=params.get("pool"),
+            tag=params.get("tag"), tenant_id=params.get("tenant"),
+            scope_entity_type=params.get("scope"), scope_entity_id=params.get("scope_id"),
+            created_after=_time(params, "from"), created_before=_time(params, "to"),
+            id_prefix=params.get("q"))
+    except ValueError as exc:
+        raise Problem(422, "Invalid filter", str(exc)) from None
+
+
+def _time(params: dict[str, str], name: str) -> datetime | None:
+    text = params.get(name)
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{name}: {text!r} is not a date and time "
+                         "(e.g. 2026-12-01T09:30)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def run_id(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise Problem(422, "Not a run id", f"{text[:80]!r} is not a run id (a UUID)") from None
+
+
+def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
+    control = app._control
+
+    async def listing(request: Request) -> dict[str, Any]:
+        params = query(request.query_params, *FILTERS, "cursor")
+        where = run_filter(params)
+        before = run_id(params["cursor"]) if "cursor" in params else None
+        async with (await app.pool()).connection() as conn:
+            runs = await control.list_filtered(conn, where, limit=PAGE, before=before)
+        filters = {k: v for k, v in params.items() if k != "cursor"}
+        return {"runs": runs, "filters": filters, "statuses": RUN_STATUSES,
+                "next_cursor": str(runs[-1].id) if len(runs) == PAGE else None,
+                "live": before is None}
+
+    @router.get("/runs", response_class=HTMLResponse)
+    async def runs(request: Request, viewer: Signed) -> Response:
+        text = request.query_params.get("q", "").strip()
+        if len(text) >= 32:
+            try:
+                return redirect(request, f"/runs/{UUID(text)}")
+            except ValueError:
+                pass
+        return ui.page(request, viewer, "runs.html", **await listing(request),
+                       done=_done(request))
+
+    @router.get("/runs/rows", response_class=HTMLResponse)
+    async def rows(request: Request, viewer: Signed) -> Response:
+        return ui.page(request, viewer, "runs_rows.html", **await listing(request))
+
+    _add_bulk(router, app, ui)
+
+    @router.get("/runs/{id}", response_class=HTMLResponse)
+    async def detail(request: Request, id: str, viewer: Signed) -> Response:
+        try:
+            async with (await app.pool()).connection() as conn:
+                found = await control.detail(conn, run_id(id), limit=200)
+        except RunNotFound:
+            raise Problem(404, "No such run", f"there is no run {id} (it may have been "
+                          "purged after its retention)") from None
+        return ui.page(request, viewer, "run.html", detail=found, run=found.run,
+                       done=_done(request), live=not found.run.status.terminal)
+
+    @router.post("/runs/{id}/{action}")
+    async def act(request: Request, id: str, action: str) -> Response:
+        form = await ui.form(request)
+        target = run_id(id)
+        try:
+            if action == "cancel":
+                await app.cancel(target)
+            elif action == "retry":
+                await app.retry(target)
+            elif action == "signal":
+                woken = await _signal(app, form)
+                return redirect(request, f"/runs/{target}", done="signal", woken=str(woken))
+            else:
+                raise Problem(404, "Not found", f"no action {action!r}")
+        except RunNotFound:
+            raise Problem(404, "No such run", f"there is no run {target}") from None
+        except InvalidTransition as exc:
+            raise Problem(409, f"Cannot {action} this run", str(exc)) from None
+        return redirect(request, f"/runs/{target}", done=action)
+
+
+def _add_bulk(router: APIRouter, app: App, ui: Ui) -> None:
+    control = app._control
+
+    @router.post("/runs/bulk", response_class=HTMLResponse)
+    async def bulk(request: Request) -> Response:
+        await ui.form(request)  # admin, Origin, CSRF
+        viewer = ui.viewer(request)
+        lists = await read_form_lists(request)
+        form = {k: v[-1] for k, v in lists.items()}
+        action: BulkAction
+        if form.get("action") == "cancel":
+            action = "cancel"
+        elif form.get("action") == "retry":
+            action = "retry"
+        else:
+            raise Problem(422, "Unknown action", "choose cancel or retry")
+        ids = [run_id(i) for i in lists.get("id", [])]
+        where = run_filter(query(form, *FILTERS))
+        by_filter = form.get("target") == "filter"
+        if not by_filter and not ids:
+            raise Problem(422, "Nothing selected", "tick the runs to act on, or choose "
+                          "\u201call matching the filter\u201d")
+        async with (await app.pool()).connection() as conn:
+            if form.get("confirm") != "yes":
+                count = await control.count(conn, where, action) if by_filter else len(ids)
+                return ui.page(request, viewer, "runs_confirm.html", action=action,
+                               count=count, capped=by_filter and count >= COUNT_CAP,
+                               by_filter=by_filter, ids=ids, filters=query(form, *FILTERS),
+                               batch_max=BULK_MAX)
+            result = await control.bulk(conn, action, where=where if by_filter else None,
+                                        ids=None if by_filter else ids)
+        return redirect(request, "/runs", **query(form, *FILTERS), done=action,
+                        changed=str(result.changed), requested=str(result.requested),
+                        remaining=str(result.remaining))
+
+
+async def _signal(app: App, form: dict[str, str]) -> int:
+    token = form.get("token", "").strip()
+    text = form.get("payload", "").strip() or "{}"
+    try:
+        payload = json.loads(text)
+    except ValueError as exc:
+        raise Problem(422, "The payload is not JSON", f"payload: {exc}") from None
+    try:
+        return await app.signal(token, payload)
+    except (InvalidEnqueue, ValueError) as exc:
+        raise Problem(422, "Signal refused", str(exc)) from None
+
+
+def _done(request: Request) -> dict[str, Any] | None:
+    """What the previous action did, from the redirect's query (numbers only: a link cannot
+    put words on the page)."""
+    action = request.query_params.get("done")
+    if action not in DONE:
+        return None
+    numbers = {}
+    for name in ("changed", "requested", "remaining", "woken"):
+        value = request.query_params.get(name, "")
+        if value.isdigit():
+            numbers[name] = int(value)
+    return {"action": action, "title": DONE[action], **numbers}
+

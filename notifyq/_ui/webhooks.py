@@ -1,0 +1,147 @@
+"""Webhooks: endpoints with their health (success rate over the last day, last attempt, last
+failure, why disabled), their deliveries; messages with every attempt (status code, duration,
+error kind, response excerpt); and the actions resend, enable / disable and rotate secret (the
+new secret is shown once, on the answer to the rotation, and never again)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+
+from notifyq._app import App
+from notifyq._errors import ConfigError, InvalidEndpoint, WebhookNotFound
+from notifyq._ui.session import Viewer
+from notifyq._ui.web import Problem, Signed, Ui, redirect
+from notifyq._webhooks.routes import MESSAGE_ID
+from notifyq._webhooks.service import Webhooks
+
+PAGE = 50
+DONE = {"disable": "Endpoint disabled", "enable": "Endpoint enabled",
+        "resend": "Resent"}
+
+
+def _endpoint_id(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise Problem(422, "Not an endpoint id",
+                      f"{text[:80]!r} is not an endpoint id (a UUID)") from None
+
+
+def _message_id(text: str) -> str:
+    if not re.fullmatch(MESSAGE_ID, text):
+        raise Problem(422, "Not a message id", f"{text[:80]!r} is not a message id")
+    return text
+
+
+def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
+
+    def service() -> Webhooks:
+        if app._webhooks is None:
+            raise Problem(409, "Webhooks are not enabled here", "this server has no keyring "
+                          "(webhook secrets are stored encrypted): set NOTIFYQ_KEYS and "
+                          "NOTIFYQ_ACTIVE_KEY_VERSION, or remove webhooks.enabled=false")
+        return app._webhooks
+
+    @router.get("/webhooks", response_class=HTMLResponse)
+    async def endpoints(request: Request, viewer: Signed) -> Response:
+        hooks = service()
+        items = await hooks.list_endpoints(limit=1000)
+        health = {h["endpoint_id"]: h for h in await hooks.health(
+            endpoint_ids=[e.id for e in items])}
+        return ui.page(request, viewer, "webhooks.html", endpoints=items, health=health,
+                       done=_done(request))
+
+    @router.get("/webhooks/endpoints/{id}", response_class=HTMLResponse)
+    async def endpoint(request: Request, id: str, viewer: Signed) -> Response:
+        return await _endpoint_page(request, viewer, _endpoint_id(id))
+
+    async def _endpoint_page(request: Request, viewer: Viewer | None, endpoint_id: UUID, *,
+                             secret: str | None = None) -> Response:
+        hooks = service()
+        try:
+            found = await hooks.get_endpoint(endpoint_id)
+        except WebhookNotFound:
+            raise Problem(404, "No such endpoint", f"there is no endpoint {endpoint_id}") from None
+        before = request.query_params.get("cursor")
+        deliveries = await hooks.list_messages(
+            endpoint_id=endpoint_id, before=_message_id(before) if before else None,
+            limit=PAGE)
+        health = next(iter(await hooks.health(endpoint_ids=[endpoint_id])), None)
+        return ui.page(request, viewer, "webhook_endpoint.html", endpoint=found,
+                       health=health, deliveries=deliveries, secret=secret,
+                       next_cursor=deliveries[-1]["id"] if len(deliveries) == PAGE else None,
+                       done=_done(request))
+
+    @router.post("/webhooks/endpoints/{id}/{action}", response_class=HTMLResponse)
+    async def endpoint_action(request: Request, id: str, action: str) -> Response:
+        await ui.form(request)
+        hooks, endpoint_id = service(), _endpoint_id(id)
+        try:
+            if action == "disable":
+                await hooks.disable_endpoint(endpoint_id, "disabled in the dashboard")
+            elif action == "enable":
+                await hooks.enable_endpoint(endpoint_id)
+            elif action == "rotate":
+                rotated = await hooks.rotate_secret(endpoint_id)
+                # Shown on this answer only (never stored for the page, never in a URL).
+                return await _endpoint_page(request, ui.viewer(request), endpoint_id,
+                                            secret=rotated.secret)
+            else:
+                raise Problem(404, "Not found", f"no action {action!r}")
+        except WebhookNotFound:
+            raise Problem(404, "No such endpoint", f"there is no endpoint {endpoint_id}") from None
+        except (ConfigError, InvalidEndpoint) as exc:
+            raise Problem(409, "Refused", str(exc)) from None
+        return redirect(request, f"/webhooks/endpoints/{endpoint_id}", done=action)
+
+    _add_message_pages(router, ui, service)
+
+
+def _add_message_pages(router: APIRouter, ui: Ui, service: Callable[[], Webhooks]) -> None:
+
+    @router.get("/webhooks/messages", response_class=HTMLResponse)
+    async def messages(request: Request, viewer: Signed) -> Response:
+        before = request.query_params.get("cursor")
+        items = await service().list_messages(before=_message_id(before) if before else None,
+                                              limit=PAGE)
+        return ui.page(request, viewer, "webhook_messages.html", messages=items,
+                       next_cursor=items[-1]["id"] if len(items) == PAGE else None)
+
+    @router.get("/webhooks/messages/{id}", response_class=HTMLResponse)
+    async def message(request: Request, id: str, viewer: Signed) -> Response:
+        hooks, message_id = service(), _message_id(id)
+        try:
+            found = await hooks.message(message_id)
+        except WebhookNotFound:
+            raise Problem(404, "No such message", f"there is no message {message_id}") from None
+        attempts = await hooks.attempts(message_id)
+        return ui.page(request, viewer, "webhook_message.html", message=found,
+                       attempts=attempts, done=_done(request))
+
+    @router.post("/webhooks/messages/{id}/resend")
+    async def resend(request: Request, id: str) -> Response:
+        form = await ui.form(request)
+        message_id = _message_id(id)
+        endpoint = form.get("endpoint_id") or None
+        try:
+            rows = await service().resend(message_id, endpoint_id=endpoint and
+                                          _endpoint_id(endpoint))
+        except WebhookNotFound as exc:
+            raise Problem(404, "Nothing to resend", str(exc)) from None
+        return redirect(request, f"/webhooks/messages/{message_id}", done="resend",
+                        changed=str(len(rows)))
+
+
+def _done(request: Request) -> dict[str, Any] | None:
+    action = request.query_params.get("done")
+    if action not in DONE:
+        return None
+    changed = request.query_params.get("changed", "")
+    return {"action": action, "title": DONE[action],
+            **({"changed": int(changed)} if changed.isdigit() else {})}

@@ -1,0 +1,1 @@
+"""The dashboard: routes over real HTTP, and in a real headless Chromium."""
