@@ -815,6 +815,25 @@ CREATE TABLE notifyq.webhook_secret (
 );
 
 --
+-- Name: worker; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.worker (
+    id text NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    version text NOT NULL,
+    pools text[] NOT NULL,
+    concurrency integer NOT NULL,
+    running integer DEFAULT 0 NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    heartbeat_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT worker_concurrency_check CHECK ((concurrency > 0)),
+    CONSTRAINT worker_id_check CHECK (((length(id) >= 1) AND (length(id) <= 200)))
+);
+
+--
 -- Name: job job_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
 --
 
@@ -946,6 +965,13 @@ ALTER TABLE ONLY notifyq.webhook_message
 
 ALTER TABLE ONLY notifyq.webhook_secret
     ADD CONSTRAINT webhook_secret_pkey PRIMARY KEY (id);
+
+--
+-- Name: worker worker_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.worker
+    ADD CONSTRAINT worker_pkey PRIMARY KEY (id);
 
 --
 -- Name: job_run_claim_idx; Type: INDEX; Schema: notifyq; Owner: -

@@ -14,7 +14,6 @@ Everything a user needs is imported from here; the modules behind it (``notifyq.
 private and may change in any release.
 """
 
-from importlib.metadata import PackageNotFoundError, version
 
 from notifyq._app import App
 from notifyq._clock import Clock, ManualClock, SystemClock
@@ -50,13 +49,11 @@ from notifyq._keys.columns import EncryptedColumn
 from notifyq._policies import ConcurrencyPolicy, DedupePolicy, RetryPolicy, Scope
 from notifyq._run import Run, RunInfo, RunStatus
 from notifyq._settings import Settings
+from notifyq._version import VERSION as _VERSION
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.service import SentMessage
 
-try:
-    __version__ = version("notifyq")
-except PackageNotFoundError:  # pragma: no cover - imported from a checkout, never installed
-    __version__ = "0+unknown"
+__version__ = _VERSION
 
 __all__ = [
     "App",

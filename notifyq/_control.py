@@ -190,15 +190,14 @@ class BulkResult:
 
 @dataclass(frozen=True, slots=True)
 class Workers:
-    """The workers alive. ``registry`` is False while the database has no worker registry
-    (it comes with the run-storage redesign): then ``items`` is empty and says nothing."""
+    """The workers alive (from the registry each worker renews with its heartbeat) and the
+    leaders."""
 
-    registry: bool
     items: list[dict[str, Any]]
     leaders: list[dict[str, Any]]
 
     def to_json(self) -> dict[str, Any]:
-        return {"registry": self.registry, "items": [_jsonable(w) for w in self.items],
+        return {"items": [_jsonable(w) for w in self.items],
                 "leaders": [_jsonable(r) for r in self.leaders]}
 
 
@@ -357,11 +356,11 @@ class RunControl:
             "now": self._clock.db_now(), "minutes": max(1, min(minutes, 24 * 60))})
 
     async def list_workers(self, conn: AsyncConn) -> Workers:
-        """The workers alive and who leads. Workers do not register in the database yet (no
-        worker registry before the run-storage redesign): ``registry`` False and no items,
-        never a guess."""
-        cur = await conn.execute(self._q.leader_list, {"now": self._clock.db_now()})
-        return Workers(registry=False, items=[], leaders=await cur.fetchall())
+        """The workers alive (renewed within a lease) and who leads."""
+        now = {"now": self._clock.db_now()}
+        workers = await (await conn.execute(self._q.worker_list, now)).fetchall()
+        leaders = await (await conn.execute(self._q.leader_list, now)).fetchall()
+        return Workers(items=workers, leaders=leaders)
 
     async def _read(self, conn: AsyncConn, query: str,
                     params: dict[str, Any]) -> list[dict[str, Any]]:

@@ -222,10 +222,21 @@ class LeaderRow(BaseModel):
     alive: bool
 
 
+class WorkerRow(BaseModel):
+    id: str
+    host: str
+    pid: int
+    version: str
+    pools: list[str]
+    concurrency: int
+    running: int = Field(description="runs executing at the last heartbeat")
+    started_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime = Field(description="alive until then unless it heartbeats again")
+
+
 class WorkersOut(BaseModel):
-    registry: bool = Field(description="false: workers do not register in this schema yet, "
-                                       "so items says nothing about them")
-    items: list[dict[str, Any]]
+    items: list[WorkerRow]
     leaders: list[LeaderRow]
 
 

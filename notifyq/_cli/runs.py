@@ -39,6 +39,9 @@ def add_run_commands(sub: Any) -> None:
     stats = sub.add_parser("stats", help="counts by status, type and pool; queue age per pool")
     stats.add_argument("--json", action="store_true", help="print JSON")
     stats.set_defaults(func=cmd_stats)
+    workers = sub.add_parser("workers", help="the workers alive (the registry) and the leader")
+    workers.add_argument("--json", action="store_true", help="print JSON")
+    workers.set_defaults(func=cmd_workers)
 
 
 def _add_enqueue(sub: Any) -> None:
@@ -285,6 +288,25 @@ def cmd_stats(args: argparse.Namespace) -> int:
             print_json(summary)
         else:
             print(_stats_text(summary))
+        return 0
+    return with_conn(go)
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        workers = await app._control.list_workers(conn)
+        if args.json:
+            print_json(workers.to_json())
+            return 0
+        rows = [[w["id"], ",".join(w["pools"]), f"{w['running']}/{w['concurrency']}",
+                 w["version"], when(w["started_at"]), when(w["heartbeat_at"])]
+                for w in workers.items]
+        print(table(["WORKER", "POOLS", "RUNNING", "VERSION", "STARTED", "HEARTBEAT"], rows)
+              if rows else "no worker alive")
+        for leader in workers.leaders:
+            state = "leads" if leader["alive"] else "led (lease expired)"
+            print(f"{leader['name']}: {leader['leader_id']} {state} until "
+                  f"{when(leader['expires_at'])}")
         return 0
     return with_conn(go)
 

@@ -140,3 +140,10 @@ class QueryNames:
     webhook_secret_insert: LiteralString
     webhook_secret_expire: LiteralString
     webhook_secret_expiry: LiteralString
+
+    # db/queries/worker.sql
+    worker_register: LiteralString
+    worker_heartbeat: LiteralString
+    worker_leave: LiteralString
+    worker_list: LiteralString
+    worker_reap_expired: LiteralString

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
+import notifyq
 from tests.integration.serving import ADMIN, READER, Served
 from tests.support import enqueue_sql, scalar, wait_until
 from tests.ui.dashboard import Dashboard
@@ -241,12 +242,16 @@ def _attempts(sql: Conn, run_id: str, n: int) -> None:
     assert scalar(sql, "SELECT attempts FROM notifyq.job_run WHERE id = %s", (run_id,)) == n
 
 
-def test_the_overview_shows_pools_leader_and_no_invented_workers(served: Served, sql: Conn,
+def test_the_overview_shows_pools_leader_and_the_live_workers(served: Served, sql: Conn,
                                                                   admin: Dashboard) -> None:
     _failed_run(served, sql)
     _later(sql, 3)
     panels = wait_until(lambda: _leading(admin.get("/ui/overview/panels").text), timeout=10)
-    assert "No worker registry yet" in panels
+    worker = re.search(r'<td class="mono">([^<]+)</td><td>default[^<]*</td><td class="num">\d+</td>'
+                       r'<td class="num">(\d+)</td>', panels)
+    assert worker is not None, panels
+    assert scalar(sql, "SELECT concurrency FROM notifyq.worker WHERE id = %s",
+                  (worker[1],)) == int(worker[2])
     row = re.search(r"<th scope=\"row\"><a href=\"/ui/runs\?pool=default\">default</a></th>"
                     r"(.*?)</tr>", panels, re.S)
     assert row is not None
@@ -340,8 +345,9 @@ def test_the_dashboards_data_comes_from_the_api_routes_too(served: Served, sql: 
         assert pools[0]["failed_last_hour"] == 1
         assert len(http.get("/v1/stats/series?minutes=5").json()["items"]) == 5
         workers = http.get("/v1/workers").json()
-        assert workers["registry"] is False
-        assert workers["items"] == []
+        assert ["default" in w["pools"] for w in workers["items"]] == [True]
+        assert workers["items"][0]["version"] == notifyq.__version__
+        assert [r["name"] for r in workers["leaders"]] == ["maintenance"]
         assert http.get("/v1/schedules").json() == {"items": []}
         assert http.get("/v1/webhooks/health").json() == {"items": []}
         assert http.get("/v1/webhooks/messages").json()["items"] == []
