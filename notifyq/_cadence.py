@@ -27,9 +27,6 @@ from croniter import CroniterError, croniter
 from notifyq._errors import ConfigError
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# No time zone has ever shifted by more than 2 hours at once; walking wall times from 3 hours
-# before an instant is sure to meet every tick near it.
-_MARGIN = timedelta(hours=3)
 _ALIASES = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
 
 
@@ -99,20 +96,30 @@ class Cron:
 
     def after(self, now: datetime) -> datetime:
         """The first tick strictly after ``now``."""
-        return next(t for t in self._walk(now - _MARGIN, forward=True) if t > now)
+        # now's own wall time maps to now or (in a repeated hour's second pass) before it, so
+        # walking forward from it meets every later tick.
+        wall = now.astimezone(self.zone).replace(tzinfo=None)
+        return next(t for t in self._walk(wall, forward=True) if t > now)
 
     def latest(self, now: datetime) -> datetime:
         """The last tick at or before ``now``."""
-        return next(t for t in self._walk(now + _MARGIN, forward=False) if t <= now)
+        local = now.astimezone(self.zone)
+        wall = local.replace(tzinfo=None)
+        if local.fold:
+            # The repeated hour's second pass: the walls of the next hour-or-so still map to
+            # their first occurrence, before now, so the walk back starts past them.
+            first, second = local.replace(fold=0).utcoffset(), local.utcoffset()
+            wall += (first or timedelta(0)) - (second or timedelta(0))
+        return next(t for t in self._walk(wall + timedelta(seconds=1), forward=False)
+                    if t <= now)
 
     def before(self, tick: datetime) -> datetime:
         """The tick before the tick ``tick``."""
         return self.latest(tick - timedelta(microseconds=1))
 
-    def _walk(self, start: datetime, *, forward: bool) -> Iterator[datetime]:
-        """Instants of the matching wall times from ``start`` on (or back), in order; the
-        mapping from wall time to instant never goes backwards, so the order holds."""
-        wall = start.astimezone(self.zone).replace(tzinfo=None)
+    def _walk(self, wall: datetime, *, forward: bool) -> Iterator[datetime]:
+        """Instants of the matching wall times after (or before) the naive wall time ``wall``,
+        in order: the mapping from wall time to instant never goes backwards."""
         it = croniter(self.expression, wall)
         while True:
             matched = it.get_next(datetime) if forward else it.get_prev(datetime)
