@@ -694,6 +694,29 @@ CREATE TABLE notifyq.leader (
 );
 
 --
+-- Name: periodic_schedule; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.periodic_schedule (
+    name text NOT NULL,
+    job_type text NOT NULL,
+    every_ms bigint,
+    cron text,
+    tz text,
+    catch_up boolean DEFAULT false NOT NULL,
+    paused_at timestamp with time zone,
+    resumed_at timestamp with time zone,
+    last_tick_at timestamp with time zone,
+    last_run_id uuid,
+    registered_at timestamp with time zone DEFAULT now() NOT NULL,
+    seen_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT periodic_schedule_cron_has_tz CHECK (((cron IS NULL) = (tz IS NULL))),
+    CONSTRAINT periodic_schedule_every_ms_check CHECK ((every_ms >= 100)),
+    CONSTRAINT periodic_schedule_name_check CHECK (((length(name) >= 1) AND (length(name) <= 512))),
+    CONSTRAINT periodic_schedule_one_cadence CHECK (((every_ms IS NULL) <> (cron IS NULL)))
+);
+
+--
 -- Name: periodic_tick; Type: TABLE; Schema: notifyq; Owner: -
 --
 
@@ -909,6 +932,13 @@ ALTER TABLE ONLY notifyq.key_version
 
 ALTER TABLE ONLY notifyq.leader
     ADD CONSTRAINT leader_pkey PRIMARY KEY (name);
+
+--
+-- Name: periodic_schedule periodic_schedule_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.periodic_schedule
+    ADD CONSTRAINT periodic_schedule_pkey PRIMARY KEY (name);
 
 --
 -- Name: periodic_tick periodic_tick_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
@@ -25,6 +26,7 @@ from anyio.abc import TaskStatus
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from notifyq._cadence import Cadence, Cron, Every
 from notifyq._clock import Clock, SystemClock
 from notifyq._control import RunControl, Stats, StepRow
 from notifyq._db import migrate as migrations
@@ -38,6 +40,7 @@ from notifyq._keys.admin import REENCRYPT, KeyAdmin
 from notifyq._keys.columns import EncryptedColumns
 from notifyq._keys.reencrypt import Reencryptor
 from notifyq._limits import MAX_SIGNAL_TOKEN_LEN
+from notifyq._maintenance.scheduler import schedule_list, schedule_pause, schedule_resume
 from notifyq._policies import ConcurrencyPolicy, DedupePolicy, ReplayFrom, RetryPolicy, Scope
 from notifyq._registry import PeriodicSpec, Registry
 from notifyq._run import Run
@@ -174,30 +177,35 @@ class App:
             return target
         return register
 
-    def periodic(self, job_type: str | None = None, *, every: timedelta,
-                 input: Mapping[str, Any] | list[Any] | None = None,
+    def periodic(self, job_type: str | None = None, *, every: timedelta | None = None,
+                 cron: str | None = None, tz: str | None = None, name: str | None = None,
+                 catch_up: bool = False, input: Mapping[str, Any] | list[Any] | None = None,
                  **handler_options: Any) -> Callable[[T], T]:
-        """Enqueue one run per tick of ``every``, cluster-wide, however many workers run.
+        """Enqueue one run per tick, cluster-wide, however many workers run: every ``every``
+        (aligned to the Unix epoch), or at the times the 5-field ``cron`` expression matches in
+        the IANA time zone ``tz`` (defaults to UTC; each matching wall-clock time runs once
+        across daylight-saving changes). ``catch_up=True`` also enqueues the ticks missed while
+        no worker ran (oldest first); by default they are skipped. ``name`` (defaults to
+        ``type@cron(expression, tz)`` or ``type@<ms>ms``) is what pause and resume take.
 
         Stack it on ``@app.handler(...)``, or give ``job_type`` to register the handler too::
 
-            @app.periodic(every=timedelta(minutes=5))
+            @app.periodic(cron="0 9 * * MON-FRI", tz="Europe/Berlin", name="report.daily")
             @app.handler("report.build")
             async def build_report(ctx): ...
         """
-        if every < timedelta(milliseconds=100):
-            raise ConfigError(f"periodic every must be at least 100 ms, got {every}")
+        spec = _periodic_spec(every=every, cron=cron, tz=tz, name=name, catch_up=catch_up,
+                              input=input)
 
         def register(target: T) -> T:
-            name = job_type
-            if name is None:
-                name = self._registry.type_of(target)
-                if name is None:
+            kind = job_type
+            if kind is None:
+                kind = self._registry.type_of(target)
+                if kind is None:
                     raise ConfigError("@app.periodic needs job_type=... or an @app.handler below")
             else:
-                self.handler(name, **handler_options)(target)
-            self._registry.periodic.append(PeriodicSpec(name, every, dict(input or {})
-                                                       if not isinstance(input, list) else input))
+                self.handler(kind, **handler_options)(target)
+            self._registry.add_periodic(replace(spec, job_type=kind))
             return target
         return register
 
@@ -328,6 +336,25 @@ class App:
         async with self._runtime.connection() as conn:
             return await self._control.stats(conn)
 
+    async def schedules(self) -> list[dict[str, Any]]:
+        """Every periodic schedule (any worker's, and this app's own) with its cadence, paused
+        state, last tick (with that run's id and status) and next tick."""
+        async with self._runtime.connection() as conn:
+            return await schedule_list(conn, self._runtime.queries, self._registry.periodic,
+                                       self.clock.now())
+
+    async def pause_schedule(self, name: str) -> dict[str, Any]:
+        """Stop a schedule ticking on every node (stored in the database) until resumed;
+        :class:`~notifyq._errors.ScheduleNotFound` for an unknown name."""
+        async with self._runtime.connection() as conn:
+            return await schedule_pause(conn, self._runtime.queries, name, self.clock.db_now())
+
+    async def resume_schedule(self, name: str) -> dict[str, Any]:
+        """Let a paused schedule tick again from its next tick; the ticks that fell due while it
+        was paused are skipped, even with ``catch_up``."""
+        async with self._runtime.connection() as conn:
+            return await schedule_resume(conn, self._runtime.queries, name, self.clock.db_now())
+
     # -- workers ------------------------------------------------------------------------------
 
     def worker(self, *, concurrency: int | None = None, pools: list[str] | None = None,
@@ -387,3 +414,28 @@ def _uuid(value: UUID | str) -> UUID:
         return UUID(value)
     except ValueError:
         raise ValueError(f"not a run id (UUID): {value!r}") from None
+
+
+def _periodic_spec(*, every: timedelta | None, cron: str | None, tz: str | None, name: str | None,
+                   catch_up: bool, input: Mapping[str, Any] | list[Any] | None) -> PeriodicSpec:
+    """The schedule ``@app.periodic`` declares, checked now: a bad expression, time zone or
+    name fails at import time, not at the first tick."""
+    cadence: Cadence
+    if (every is None) == (cron is None):
+        raise ConfigError("@app.periodic needs exactly one of every= and cron=")
+    if every is not None:
+        if tz is not None:
+            raise ConfigError("tz= applies to cron= schedules only; every= ticks are instants")
+        if every < timedelta(milliseconds=100):
+            raise ConfigError(f"periodic every must be at least 100 ms, got {every}")
+        cadence = Every(every)
+    else:
+        assert cron is not None  # noqa: S101 - exactly one of the two, checked above
+        cadence = Cron(cron, "UTC" if tz is None else tz)
+    if name is not None and not (0 < len(name) <= 512 and name.isprintable()):
+        raise ConfigError(f"invalid schedule name {name!r}: 1 to 512 printable characters")
+    if not isinstance(catch_up, bool):
+        raise ConfigError(f"catch_up must be True or False, got {catch_up!r}")
+    body = input if isinstance(input, list) else dict(input or {})
+    encode_input(body)  # JSON and size, as at every tick
+    return PeriodicSpec("", cadence, body, catch_up, name)

@@ -22,6 +22,7 @@ The tree, rooted at :class:`NotifyqError`::
     ├── RotationInProgress     a key rotation to another version is still pending or running
     ├── InvalidEndpoint        a webhook endpoint (URL, headers, event types, secret) is refused
     ├── WebhookNotFound        no webhook endpoint or message with that id
+    ├── ScheduleNotFound       no periodic schedule with that name
     │
     │   internal: raised and handled inside notifyq, never exported
     ├── LeaseLost              a fenced write-back matched no row (dropped, never retried)
@@ -185,6 +186,11 @@ class InvalidEndpoint(NotifyqError, ValueError):
 
 class WebhookNotFound(NotifyqError, LookupError):
     """No webhook endpoint or message has that id."""
+
+
+class ScheduleNotFound(NotifyqError, LookupError):
+    """No periodic schedule has that name: ``notifyq schedules list`` shows the names (a
+    schedule exists once a worker that declares it has started)."""
 
 
 # -- internal ------------------------------------------------------------------------------

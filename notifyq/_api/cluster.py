@@ -1,5 +1,5 @@
 """The ``/v1`` routes about the cluster as a whole: the per-pool overview, per-minute series,
-workers and leaders, periodic schedules; and the run filter that ``GET /v1/jobs`` and the
+workers and leaders; and the run filter that ``GET /v1/jobs`` and the
 dashboard share. Thin calls into :class:`~notifyq._control.RunControl`."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from notifyq._app import App
 from notifyq._control import RunFilter
 from notifyq._http.schemas import responses_for
 from notifyq._limits import JOB_TYPE, POOL
-from notifyq._maintenance.scheduler import schedule_list
 from notifyq._run import RunStatus
 
 AUTH = (401, 403)
@@ -76,11 +75,3 @@ def add_cluster_routes(router: APIRouter, app: App, read: list[Any]) -> None:
     async def workers() -> dict[str, Any]:
         async with (await app.pool()).connection() as conn:
             return (await control.list_workers(conn)).to_json()
-
-    @router.get("/schedules", dependencies=read, response_model=schemas.SchedulesOut,
-                responses=responses_for(*AUTH),
-                summary="Periodic schedules with their last and next tick")
-    async def schedules() -> dict[str, Any]:
-        async with (await app.pool()).connection() as conn:
-            return {"items": await schedule_list(conn, app._runtime.queries,
-                                                 app._registry.periodic, app.clock.now())}

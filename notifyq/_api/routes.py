@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from notifyq._api import schemas
 from notifyq._api.cluster import add_cluster_routes, run_filter
+from notifyq._api.schedules import add_schedule_routes
 from notifyq._app import App
 from notifyq._control import RunFilter
 from notifyq._crypto.ciphertext import MAX_VERSION
@@ -146,6 +147,7 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
         return (await app.stats()).to_json()
 
     add_cluster_routes(router, app, read)
+    add_schedule_routes(router, app, read, admin)
     _add_signals(router, app, admin)
     _add_keys(router, app, read, admin)
     if app._webhooks is not None:  # only what this server does is in its OpenAPI document

@@ -243,12 +243,28 @@ class WorkersOut(BaseModel):
 class ScheduleRow(BaseModel):
     name: str
     job_type: str
-    every_s: float | None
+    every_s: float | None = Field(description="the interval of an every= schedule")
+    cron: str | None = Field(description="the cron expression of a cron= schedule")
+    tz: str | None = Field(description="the IANA time zone the cron expression is read in")
+    catch_up: bool = Field(description="missed ticks are enqueued after downtime")
+    paused: bool
+    paused_at: datetime | None
     last_tick_at: datetime | None
     last_run_id: UUID | None
     last_status: str | None
-    next_tick_at: datetime | None
-    registered_here: bool
+    next_tick_at: datetime | None = Field(description="None while paused")
+    registered_here: bool = Field(description="this server's app declares the schedule")
+
+
+class SchedulePaused(BaseModel):
+    name: str
+    paused_at: datetime
+
+
+class ScheduleResumed(BaseModel):
+    name: str
+    resumed_at: datetime | None = Field(
+        description="ticks before this are skipped; unchanged if the schedule was not paused")
 
 
 class SchedulesOut(BaseModel):

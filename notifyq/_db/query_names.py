@@ -103,9 +103,13 @@ class QueryNames:
     notifier_ping: LiteralString
 
     # db/queries/periodic.sql
+    periodic_schedule_register: LiteralString
+    periodic_schedule_state: LiteralString
     periodic_tick_enqueue: LiteralString
     periodic_tick_prune: LiteralString
-    periodic_tick_latest: LiteralString
+    periodic_schedule_list: LiteralString
+    periodic_schedule_pause: LiteralString
+    periodic_schedule_resume: LiteralString
 
     # db/queries/webhook_attempt.sql
     webhook_attempt_record_many: LiteralString

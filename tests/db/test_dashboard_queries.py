@@ -113,17 +113,6 @@ def test_leader_list_says_whether_the_lease_is_alive(db: Conn, q: Queries) -> No
     assert gone["alive"] is False
 
 
-def test_the_latest_tick_of_each_schedule_comes_with_its_runs_status(
-        db: Conn, q: Queries) -> None:
-    [a, b] = _runs(db, q, 2)
-    for name, tick, run in (("x@1000ms", T0, a), ("x@1000ms", T0 + timedelta(seconds=1), b),
-                            ("y@60000ms", T0, a)):
-        db.execute("INSERT INTO notifyq.periodic_tick VALUES (%s, %s, %s)", (name, tick, run))
-    rows = db.execute(q.periodic_tick_latest).fetchall()
-    assert [(r["name"], r["tick_at"], r["run_id"], r["status"]) for r in rows] == [
-        ("x@1000ms", T0 + timedelta(seconds=1), b, "pending"), ("y@60000ms", T0, a, "pending")]
-
-
 def test_endpoint_health_counts_recent_attempts_and_names_the_last_failure(
         db: Conn, q: Queries) -> None:
     endpoint = _endpoint(db, q)

@@ -329,12 +329,18 @@ def test_the_keys_page_shows_versions_and_retire_answers_with_the_guard(
 def test_the_schedules_page_lists_ticks_with_their_next_tick(served: Served, sql: Conn,
                                                              admin: Dashboard) -> None:
     run_id = enqueue_sql(sql, "svc.echo")[0]
-    sql.execute("INSERT INTO notifyq.periodic_tick (name, tick_at, run_id) "
-                "VALUES ('report.build@60000ms', now(), %s)", (run_id,))
+    sql.execute("INSERT INTO notifyq.periodic_schedule (name, job_type, every_ms, last_tick_at, "
+                "last_run_id) VALUES ('report.build@60000ms', 'report.build', 60000, now(), %s)",
+                (run_id,))
+    sql.execute("INSERT INTO notifyq.periodic_schedule (name, job_type, cron, tz, paused_at) "
+                "VALUES ('digest', 'mail.digest', '0 9 * * MON-FRI', 'Europe/Berlin', now())")
     page = admin.get("/ui/schedules").text
     assert "report.build" in page
     assert "registered by another process" in page
     assert "60.0 s" in page
+    assert "0 9 * * MON-FRI" in page
+    assert "Europe/Berlin" in page
+    assert "paused" in page
 
 
 def test_the_dashboards_data_comes_from_the_api_routes_too(served: Served, sql: Conn) -> None:
