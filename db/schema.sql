@@ -155,6 +155,7 @@ CREATE TABLE notifyq.job_run (
     children_done uuid[] DEFAULT ARRAY[]::uuid[] NOT NULL,
     has_children boolean DEFAULT false NOT NULL,
     defaulted smallint,
+    awaited boolean DEFAULT false NOT NULL,
     CONSTRAINT job_run_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT job_run_concurrency_limit_check CHECK ((concurrency_limit >= 1)),
     CONSTRAINT job_run_input_check CHECK ((jsonb_typeof(input) = ANY (ARRAY['object'::text, 'array'::text]))),
@@ -390,6 +391,20 @@ BEGIN
         result := replace(result, '{' || field || '}', coalesce(input ->> field, ''));
     END LOOP;
     RETURN result;
+END
+$$;
+
+--
+-- Name: _notify_awaited(); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._notify_awaited() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+BEGIN
+    PERFORM pg_notify(current_schema(), 'd:' || NEW.id);
+    RETURN NULL;
 END
 $$;
 
@@ -1128,6 +1143,12 @@ CREATE INDEX webhook_delivery_endpoint_message_idx ON notifyq.webhook_delivery U
 --
 
 CREATE INDEX webhook_secret_endpoint_idx ON notifyq.webhook_secret USING btree (endpoint_id, created_at);
+
+--
+-- Name: job_run job_run_awaited; Type: TRIGGER; Schema: notifyq; Owner: -
+--
+
+CREATE TRIGGER job_run_awaited AFTER UPDATE OF status ON notifyq.job_run FOR EACH ROW WHEN ((new.awaited AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])))) EXECUTE FUNCTION notifyq._notify_awaited();
 
 --
 -- Name: job_run job_run_finished; Type: TRIGGER; Schema: notifyq; Owner: -

@@ -26,6 +26,7 @@ from anyio.abc import TaskStatus
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from notifyq._awaiter import Awaiter
 from notifyq._cadence import Cadence, Cron, Every
 from notifyq._clock import Clock, SystemClock
 from notifyq._control import RunControl, Stats, StepRow
@@ -43,7 +44,7 @@ from notifyq._limits import MAX_SIGNAL_TOKEN_LEN
 from notifyq._maintenance.scheduler import schedule_list, schedule_pause, schedule_resume
 from notifyq._policies import ConcurrencyPolicy, DedupePolicy, ReplayFrom, RetryPolicy, Scope
 from notifyq._registry import PeriodicSpec, Registry
-from notifyq._run import Run
+from notifyq._run import Run, awaitable
 from notifyq._runtime import Runtime
 from notifyq._settings import Settings, load_settings
 from notifyq._webhooks.deliver import Deliverer
@@ -89,6 +90,7 @@ class App:
         self._registry = Registry(settings.env)
         self._enqueuer = Enqueuer(self._runtime, self._registry)
         self._control = RunControl(self._runtime.queries, self.clock)
+        self._awaiter = Awaiter(self._runtime)
         self._columns = EncryptedColumns()
         for column in settings.encrypted_columns:
             self._columns.register(column.table, pk=column.pk, column=column.column)
@@ -255,15 +257,16 @@ class App:
             job_type, input, run_at=run_at, priority=priority, pool=pool,
             max_attempts=max_attempts, dedupe_key=dedupe_key, tags=tags, tenant_id=tenant_id),
             conn=conn, allow_unknown_type=allow_unknown_type)
-        return run
+        return awaitable(run, self._awaiter)
 
     async def enqueue_request(self, request: EnqueueRequest, *,
                               conn: psycopg.AsyncConnection[Any] | None = None,
                               allow_unknown_type: bool | None = None) -> tuple[Run, bool]:
         """:meth:`enqueue` from an :class:`EnqueueRequest`; also says whether the run was
         created (False: a dedupe key matched an existing run, which is returned)."""
-        return await self._enqueuer.enqueue(request, conn=conn,
-                                            allow_unknown_type=allow_unknown_type)
+        run, created = await self._enqueuer.enqueue(request, conn=conn,
+                                                    allow_unknown_type=allow_unknown_type)
+        return awaitable(run, self._awaiter), created
 
     async def enqueue_many(self, items: Iterable[EnqueueRequest | Mapping[str, Any]], *,
                            conn: psycopg.AsyncConnection[Any] | None = None,
@@ -272,8 +275,11 @@ class App:
         Returns the runs in the order given, which is also the order they run in at equal
         priority and run_at. A type no worker has registered refuses the whole batch
         (:class:`~notifyq.UnknownJobType`), as :meth:`enqueue` says."""
-        return await self._enqueuer.enqueue_many(items, conn=conn,
+        runs = await self._enqueuer.enqueue_many(items, conn=conn,
                                                  allow_unknown_type=allow_unknown_type)
+        for run in runs:
+            awaitable(run, self._awaiter)
+        return runs
 
     def enqueue_sync(self, job_type: str, input: Any = None, *,
                      run_at: datetime | None = None, priority: int | None = None,
@@ -282,17 +288,31 @@ class App:
                      tenant_id: str | None = None, allow_unknown_type: bool | None = None,
                      conn: psycopg.Connection[Any] | None = None) -> Run:
         """:meth:`enqueue` for synchronous code (Django, Flask, scripts)."""
-        return self._enqueuer.enqueue_sync(_request(
+        return awaitable(self._enqueuer.enqueue_sync(_request(
             job_type, input, run_at=run_at, priority=priority, pool=pool,
             max_attempts=max_attempts, dedupe_key=dedupe_key, tags=tags, tenant_id=tenant_id),
-            conn=conn, allow_unknown_type=allow_unknown_type)
+            conn=conn, allow_unknown_type=allow_unknown_type), self._awaiter)
 
     # -- run control --------------------------------------------------------------------------
 
     async def get_run(self, run_id: UUID | str) -> Run:
         """The run as stored; :class:`~notifyq._errors.RunNotFound` for an unknown id."""
         async with self._runtime.connection() as conn:
-            return await self._control.get(conn, _uuid(run_id))
+            return awaitable(await self._control.get(conn, _uuid(run_id)), self._awaiter)
+
+    async def wait(self, run_id: UUID | str, *, timeout: float | None = None) -> Any:  # noqa: ASYNC109
+        """Wait until the run is finished and return its output; what ``run.result()`` does.
+
+        Raises :class:`~notifyq.RunFailed` (``status`` and the stored ``error``) when the run
+        ended failed, timed_out or canceled, :class:`~notifyq.ResultTimeout` (a
+        ``TimeoutError``) after ``timeout`` seconds (None: no limit), and
+        :class:`~notifyq.RunNotFound` for an unknown id. Woken by the run's completion NOTIFY
+        (re-read every few seconds in case one is missed), not by polling::
+
+            run = await app.enqueue("report.build", {"day": "2026-12-01"})
+            report = await app.wait(run.id, timeout=60)
+        """
+        return await self._awaiter.wait(_uuid(run_id), timeout)
 
     async def list_runs(self, **filters: Any) -> list[Run]:
         async with self._runtime.connection() as conn:
@@ -330,7 +350,23 @@ class App:
     async def retry(self, run_id: UUID | str) -> Run:
         """Put a failed, canceled or timed-out run back in line now, with one more attempt."""
         async with self._runtime.connection() as conn:
-            return await self._control.retry(conn, _uuid(run_id))
+            return awaitable(await self._control.retry(conn, _uuid(run_id)), self._awaiter)
+
+    async def replay(self, run_id: UUID | str, *, from_step: str) -> Run:
+        """Run a finished (completed, failed, timed-out or canceled) durable run again from the
+        step ``from_step``: the steps it recorded before that one are reused, not run again
+        (whatever the handler's ``replay_from``); ``from_step`` and the later steps run again.
+        Returns the run, pending again (``await run.result()`` waits for the replay).
+
+        Raises :class:`~notifyq.RunNotFound`, :class:`~notifyq.InvalidTransition` (the run is
+        still live, or recorded no steps) and :class:`~notifyq.UnknownStep` (its message lists
+        the run's steps)::
+
+            run = await app.replay(run_id, from_step="charge")
+        """
+        async with self._runtime.connection() as conn:
+            done = await self._control.replay(conn, _uuid(run_id), from_step)
+        return awaitable(done.run, self._awaiter)
 
     async def stats(self) -> Stats:
         async with self._runtime.connection() as conn:
@@ -396,6 +432,8 @@ class App:
                 await conn.execute(self._runtime.queries.job_run_apply_definitions, {
                     "now": self.clock.db_now(), "channel": self._runtime.queries.schema})
         worker = self.worker(concurrency=concurrency, pools=pools, burst=burst)
+        if worker.notifier is not None:  # waits in this process ride the worker's listener
+            self._awaiter.share(worker.notifier)
         log.info("worker %s: pools %s, concurrency %d, handlers %s", worker.id,
                  ",".join(worker.producers), worker.slots.size,
                  ",".join(s.job_type for s in self._registry.specs()) or "-")

@@ -1,4 +1,5 @@
-"""Operations on existing runs: get, list, cancel, retry (one or many), stats, the per-pool
+"""Operations on existing runs: get, list, cancel, retry (one or many), replay from a step,
+stats, the per-pool
 overview and per-minute series, leaders and workers (CLI, API and dashboard share these)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from notifyq._clock import Clock
 from notifyq._db.pool import AsyncConn
 from notifyq._db.queries import Queries
 from notifyq._db.rows import run_row, typed_dict_row
-from notifyq._errors import InvalidTransition, RunNotFound
+from notifyq._errors import InvalidTransition, RunNotFound, UnknownStep
 from notifyq._limits import MAX_PAGE
 from notifyq._notifier import cancel_payload, wake_payload
 from notifyq._run import Run, RunStatus
@@ -99,7 +100,24 @@ class RunDetail:
                               "status": c.status.value} for c in self.children]}
 
 
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """A replay from a step (``notifyq runs replay``, ``POST /v1/jobs/{id}/replay``): the run,
+    pending again; ``kept`` steps recorded before ``from_step`` that the replay reuses, and
+    ``dropped`` ones (``from_step`` and after) that run again."""
+
+    run: Run
+    from_step: str
+    kept: int
+    dropped: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.run.to_json(), "replay": {
+            "from_step": self.from_step, "steps_kept": self.kept, "steps_dropped": self.dropped}}
+
+
 _step_row = typed_dict_row(StepRow)
+_STEPS_NAMED = 20  # most step ids an unknown-step error lists
 
 BulkAction = Literal["cancel", "retry"]
 BULK_STATUSES: dict[str, tuple[str, ...]] = {
@@ -298,6 +316,38 @@ class RunControl:
             await self._notify(conn, [wake_payload(run.pool)])
         return run
 
+    async def replay(self, conn: AsyncConn, run_id: UUID, from_step: str) -> Replay:
+        """Run a finished durable run again from the step ``from_step``: the steps recorded
+        before it (in execution order) are reused, it and the later ones run again.
+
+        Raises RunNotFound, InvalidTransition (the run is not finished, or recorded no steps)
+        and UnknownStep (the run has no step ``from_step``; the message lists those it has)."""
+        async with conn.transaction():
+            run = await self._run(conn, self._q.job_run_get_for_update, {"id": run_id})
+            if run is None:
+                raise RunNotFound(f"no run {run_id}")
+            if not run.status.terminal:
+                raise InvalidTransition(
+                    f"cannot replay run {run_id}: it is {run.status.value}; wait until it is "
+                    "finished (or cancel it) first")
+            steps = await self.steps(conn, run_id)
+            seq = next((s["seq"] for s in steps if s["step_id"] == from_step), None)
+            if not steps:
+                raise InvalidTransition(
+                    f"cannot replay run {run_id} from a step: it recorded no steps (it is not "
+                    "a durable run); retry it instead")
+            if seq is None:
+                raise UnknownStep(f"run {run_id} has no step {from_step!r}; its steps: "
+                                  + _step_names(steps))
+            counts = await (await conn.execute(self._q.job_step_replay_from, {
+                "run_id": run_id, "seq": seq, "attempt": run.attempts + 1})).fetchone()
+            replayed = await self._run(conn, self._q.job_run_replay, {
+                "id": run_id, "now": self._clock.db_now()})
+            if replayed is None or counts is None:  # the row is locked and finished
+                raise InvalidTransition(f"cannot replay run {run_id}")
+            await self._notify(conn, [wake_payload(replayed.pool)])
+        return Replay(replayed, from_step, int(counts["kept"]), int(counts["dropped"]))
+
     async def signal(self, conn: AsyncConn, token: str, payload: Any) -> int:
         """Deliver a signal (stored for a run that waits later); returns the runs woken."""
         row = await (await conn.execute(self._q.job_signal_send, {
@@ -376,6 +426,11 @@ class RunControl:
     async def _notify(self, conn: AsyncConn, payloads: list[str]) -> None:
         await conn.execute(self._q.job_run_notify, {"channel": self._q.schema,
                                                      "payloads": payloads})
+
+
+def _step_names(steps: list[StepRow]) -> str:
+    names = ", ".join(repr(s["step_id"]) for s in steps[:_STEPS_NAMED])
+    return names + (f" and {len(steps) - _STEPS_NAMED} more" if len(steps) > _STEPS_NAMED else "")
 
 
 def _timed(step: StepRow) -> TimedStep:

@@ -540,3 +540,26 @@ ORDER BY m.minute
 -- indexes are estimated above jit_above_cost (random heap reads of 40,000 pending runs: cost
 -- 123,000) and compiled for 165 ms to run for 10 ms (measured on 10 million runs).
 SELECT set_config('jit', 'off', true)
+
+-- name: job_run_await
+-- Marks a run awaited (its final status change then NOTIFYs 'd:<id>', migration 0011) and
+-- returns it as it is after any write in flight: the row lock orders this against a worker's
+-- write-back, so either the write-back sees the mark and notifies, or this sees it finished.
+UPDATE {schema}.job_run SET awaited = true WHERE id = %(id)s RETURNING *
+
+-- name: job_run_get_for_update
+-- A run, locked for the rest of the transaction (a replay checks it, then changes it).
+SELECT * FROM {schema}.job_run WHERE id = %(id)s FOR UPDATE
+
+-- name: job_run_replay
+-- Puts a finished run back in line now for a replay (its steps were trimmed by
+-- job_step_replay_from in the same transaction): no output, error or wait, room for at least one
+-- more attempt. A run that is not finished is left alone (no row back).
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+UPDATE {schema}.job_run r
+SET status = 'pending', run_at = n.now, output = NULL, error = NULL, finished_at = NULL,
+    cancel_requested_at = NULL, wait_kind = NULL, wait_token = NULL, waiting_on = NULL,
+    max_attempts = greatest(r.max_attempts, r.attempts + 1), updated_at = n.now
+FROM n
+WHERE r.id = %(id)s AND r.status IN ('completed', 'failed', 'canceled', 'timed_out')
+RETURNING r.*

@@ -16,6 +16,7 @@ from notifyq._limits import (
     MAX_JOB_TYPE_LEN,
     MAX_KEY_LEN,
     MAX_POOL_LEN,
+    MAX_STEP_ID_LEN,
     MAX_TAG_LEN,
     MAX_TAGS,
     PRIORITY_RANGE,
@@ -106,6 +107,21 @@ class RunDetail(RunOut):
     steps: list[StepOut] = Field(default_factory=list)
     children: list[RunOut] = Field(default_factory=list)
     wait: WaitOut | None = Field(None, description="what a waiting run waits for")
+
+
+class ReplayIn(_In):
+    from_step: Annotated[Text, Field(min_length=1, max_length=MAX_STEP_ID_LEN, description=(
+        "the step id to run again from; the steps recorded before it are reused"))]
+
+
+class ReplayInfo(BaseModel):
+    from_step: str
+    steps_kept: int = Field(description="steps recorded before from_step, reused by the replay")
+    steps_dropped: int = Field(description="from_step and the later steps, which run again")
+
+
+class ReplayOut(RunOut):
+    replay: ReplayInfo
 
 
 class RunPage(BaseModel):

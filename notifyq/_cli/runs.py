@@ -1,4 +1,4 @@
-"""``notifyq enqueue``, ``notifyq runs list|show|cancel|retry`` and ``notifyq stats``: one
+"""``notifyq enqueue``, ``notifyq runs list|show|cancel|retry|replay`` and ``notifyq stats``: one
 connection each (no pool, no worker machinery), to a database checked to be migrated."""
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def _add_enqueue(sub: Any) -> None:
 
 
 def _add_runs(sub: Any) -> None:
-    runs = sub.add_parser("runs", help="list, show, cancel and retry runs")
+    runs = sub.add_parser("runs", help="list, show, cancel, retry and replay runs")
     actions = runs.add_subparsers(dest="action", required=True, parser_class=Parser,
-                                  metavar="list|show|cancel|retry")
+                                  metavar="list|show|cancel|retry|replay")
 
     listing = actions.add_parser("list", help="newest runs first")
     listing.add_argument("--status", help="one of " + ", ".join(s.value for s in RunStatus))
@@ -89,6 +89,14 @@ def _add_runs(sub: Any) -> None:
         action.add_argument("run_id", metavar="ID")
         action.add_argument("--json", action="store_true", help="print the run as JSON")
         action.set_defaults(func=func)
+
+    replay = actions.add_parser("replay", help="run a finished durable run again from a step, "
+                                "reusing the steps recorded before it")
+    replay.add_argument("run_id", metavar="ID")
+    replay.add_argument("--from-step", required=True, metavar="STEP",
+                        help="the step id to run again from (see `notifyq runs show ID`)")
+    replay.add_argument("--json", action="store_true", help="print the run as JSON")
+    replay.set_defaults(func=cmd_runs_replay)
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -212,6 +220,20 @@ def cmd_runs_retry(args: argparse.Namespace) -> int:
         else:
             print(f"run {run.id} is pending again (attempt {run.attempts + 1} "
                   f"of {run.max_attempts})")
+        return 0
+    return with_conn(go)
+
+
+def cmd_runs_replay(args: argparse.Namespace) -> int:
+    run_id = _parse_run_id(args.run_id)
+
+    async def go(app: App, conn: AsyncConn) -> int:
+        done = await app._control.replay(conn, run_id, args.from_step)
+        if args.json:
+            print_json(done.to_json())
+        else:
+            print(f"run {run_id} is pending again from step {args.from_step!r}: "
+                  f"{done.kept} earlier steps reused, {done.dropped} to run again")
         return 0
     return with_conn(go)
 

@@ -54,6 +54,9 @@ class QueryNames:
     job_run_pool_overview: LiteralString
     job_run_series: LiteralString
     job_run_read_no_jit: LiteralString
+    job_run_await: LiteralString
+    job_run_get_for_update: LiteralString
+    job_run_replay: LiteralString
 
     # db/queries/job_signal.sql
     job_signal_send: LiteralString
@@ -63,6 +66,7 @@ class QueryNames:
     # db/queries/job_step.sql
     job_step_list: LiteralString
     job_step_record: LiteralString
+    job_step_replay_from: LiteralString
 
     # db/queries/key.sql
     key_version_register: LiteralString

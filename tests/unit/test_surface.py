@@ -56,10 +56,10 @@ PUBLIC = [
     "ConfigError", "DatabaseUnavailable", "DecryptionFailed", "DedupePolicy", "EncryptedColumn",
     "Endpoint", "EnqueueRequest", "InvalidEndpoint", "InvalidEnqueue", "InvalidTransition",
     "JobContext", "Keyring", "ManualClock", "NotifyqError", "PayloadTooLarge", "Permanent",
-    "RetiredKeyVersion", "RetryPolicy", "RotationInProgress", "Run", "RunInfo", "RunNotFound",
-    "RunStatus", "ScheduleNotFound", "SchemaError", "Scope", "SentMessage", "Settings", "Snooze",
-    "Stats",
-    "StepError", "SystemClock", "UnknownJobType", "UnknownKeyVersion", "WaitTimeout",
+    "ResultTimeout", "RetiredKeyVersion", "RetryPolicy", "RotationInProgress", "Run", "RunFailed",
+    "RunInfo", "RunNotFound", "RunStatus", "ScheduleNotFound", "SchemaError", "Scope",
+    "SentMessage", "Settings", "Snooze", "Stats", "StepError", "SystemClock", "UnknownJobType",
+    "UnknownKeyVersion", "UnknownStep", "WaitTimeout",
     "WebhookNotFound", "__version__",
 ]
 """The documented surface: a change here is a change of the public API (CHANGELOG it)."""
