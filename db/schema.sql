@@ -155,6 +155,7 @@ CREATE TABLE notifyq.job_run (
     children_done uuid[] DEFAULT ARRAY[]::uuid[] NOT NULL,
     has_children boolean DEFAULT false NOT NULL,
     defaulted smallint,
+    trace_context jsonb,
     CONSTRAINT job_run_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT job_run_concurrency_limit_check CHECK ((concurrency_limit >= 1)),
     CONSTRAINT job_run_input_check CHECK ((jsonb_typeof(input) = ANY (ARRAY['object'::text, 'array'::text]))),
