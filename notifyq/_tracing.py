@@ -337,6 +337,12 @@ def child_span(name: str, attributes: Mapping[str, Any], *,
         attributes=dict(attributes))
 
 
+def mark_error(span: Any, error_type: str) -> None:
+    """Mark a :func:`child_span` failed without an exception (e.g. an HTTP 500 answer)."""
+    span.set_status(trace.StatusCode.ERROR, error_type)
+    span.set_attribute("error.type", error_type)
+
+
 def webhook_attempt(outcome: str) -> None:
     """A webhook attempt's outcome (``2xx``..``5xx`` or the error kind), for the counter."""
     instruments = _instruments()

@@ -343,3 +343,125 @@ def test_a_worker_runs_without_opentelemetry_installed(dsn: str) -> None:
         rows = conn.execute("SELECT status, output, trace_context FROM notifyq.job_run "
                             "ORDER BY id").fetchall()
     assert rows == [("completed", {"n": 1}, None), ("completed", {"n": 2}, None)]
+
+
+# -- spans inside a run: durable steps, webhook attempts, key-rotation batches --------------------
+
+def _process_span_of(telemetry: Telemetry, run_id: Any, attempt: int = 1) -> ReadableSpan:
+    [span] = [s for s in telemetry.finished()
+              if s.name.startswith("process ") and
+              _attrs(s)["messaging.message.id"] == str(run_id) and
+              _attrs(s)["notifyq.attempt"] == attempt]
+    return span
+
+
+async def test_each_durable_step_is_a_child_span_and_a_replay_says_it_was_memoized(
+        app: App, telemetry: Telemetry) -> None:
+    calls: list[str] = []
+
+    @app.handler("t.steps", retry=RetryPolicy(attempts=2, backoff="fixed", base_s=0.05,
+                                              jitter=0))
+    async def steps(ctx: JobContext) -> None:
+        async def fetch_once() -> int:
+            calls.append("fetch")
+            if calls.count("fetch") == 1:
+                raise ConnectionError("flaky upstream")
+            return 7
+
+        await ctx.step("fetch", fetch_once, retry=RetryPolicy(attempts=2, base_s=0.01))
+        await ctx.step("save", lambda: calls.append("save"))
+        if ctx.run.attempt == 1:
+            raise RuntimeError("crash after the steps")
+
+    run = await app.enqueue("t.steps", {})
+    async with running(app):
+        await status_becomes(app, run.id, "completed")
+        await _spans_with(telemetry, "process default", 2)
+    assert calls == ["fetch", "fetch", "save"]  # attempt 2 reused both steps
+
+    first, second = (_process_span_of(telemetry, run.id, n) for n in (1, 2))
+    fetches = sorted(telemetry.finished("step fetch"), key=lambda s: s.start_time or 0)
+    saves = sorted(telemetry.finished("step save"), key=lambda s: s.start_time or 0)
+    assert len(fetches) == len(saves) == 2
+    assert _is_child(fetches[0], first)
+    assert _is_child(saves[0], first)
+    assert _is_child(fetches[1], second)
+    assert _is_child(saves[1], second)
+    assert _attrs(fetches[0]) == {"notifyq.step.id": "fetch", "notifyq.step.attempts": 2,
+                                  "messaging.message.id": str(run.id)}
+    assert _attrs(fetches[1])["notifyq.step.memoized"] is True
+    assert _attrs(saves[1])["notifyq.step.memoized"] is True
+    assert all(s.status.status_code == StatusCode.UNSET for s in fetches + saves)
+
+
+async def test_each_webhook_attempt_is_a_span_with_its_endpoint_and_status(
+        dsn: str, telemetry: Telemetry) -> None:
+    from tests.receiver import Receiver, Reply
+    from tests.webhooks.conftest import webhook_settings
+
+    with Receiver() as receiver:
+        receiver.script("/hook", Reply(500), Reply(200))
+        async with App(settings=webhook_settings(dsn)) as wapp:
+            endpoint = await wapp.webhooks.create_endpoint(receiver.url("/hook"))
+            sent = await wapp.webhooks.send("order.paid", {"order": 7}, endpoint_id=endpoint.id)
+            async with running(wapp, pools=["webhooks"]):
+                await _spans_with(telemetry, "webhook attempt", 2)
+            assert len(receiver.at("/hook")) == 2
+
+    failed, ok = sorted(telemetry.finished("webhook attempt"), key=lambda s: s.start_time or 0)
+    for span, status in ((failed, 500), (ok, 200)):
+        assert span.kind == SpanKind.CLIENT
+        attributes = _attrs(span)
+        assert attributes["notifyq.webhook.endpoint_id"] == str(endpoint.id)
+        assert attributes["notifyq.webhook.message_id"] == sent.id
+        assert attributes["http.response.status_code"] == status
+        assert attributes["http.request.method"] == "POST"
+        assert not any("url" in name for name in attributes)  # a URL may carry a token
+        [process] = [s for s in telemetry.finished("process webhooks") if _is_child(span, s)]
+        assert _attrs(process)["notifyq.job_type"] == "webhook.deliver"
+    assert failed.status.status_code == StatusCode.ERROR
+    assert _attrs(failed)["error.type"] == "500"
+    assert ok.status.status_code == StatusCode.UNSET
+    assert [_attrs(s)["notifyq.webhook.attempt"] for s in (failed, ok)] == [1, 2]
+    outcomes = {p.attributes["notifyq.webhook.outcome"]: p.value
+                for p in telemetry.points("notifyq.webhook.attempts")}
+    assert outcomes == {"5xx": 1, "2xx": 1}
+
+
+async def test_key_rotation_batches_are_spans_under_the_rotation_run(
+        dsn: str, sql: psycopg.Connection[Any], telemetry: Telemetry) -> None:
+    from tests import vault
+
+    vault.fill(sql, vault.keyring(1, active=1), 1200, 300)
+    app = vault.vault_app(dsn, 1, 2, active=2)
+    async with app:
+        tracer = trace.get_tracer("admin")
+        with tracer.start_as_current_span("rotate keys"):
+            async with (await app.pool()).connection() as conn:
+                run, _ = await app.keys.rotate(conn)
+        async with running(app):
+            await status_becomes(app, run.id, "completed", within=60)
+            await _spans_with(telemetry, f"process {run.pool}", 1)
+
+    process = _process_span_of(telemetry, run.id)
+    assert _is_child(process, telemetry.one(f"send {run.pool}"))
+    assert process.context is not None
+    admin = telemetry.one("rotate keys")
+    assert admin.context is not None
+    assert process.context.trace_id == admin.context.trace_id
+    batches = telemetry.finished("key rotation batch")
+    assert batches
+    assert all(_is_child(b, process) for b in batches)
+    reencrypted: dict[str, int] = {}
+    for batch in batches:
+        attributes = _attrs(batch)
+        assert attributes["notifyq.key.target_version"] == 2
+        column = attributes["notifyq.key.column"]
+        reencrypted[column] = reencrypted.get(column, 0) + attributes[
+            "notifyq.key.batch.reencrypted"]
+    assert reencrypted == {"public.vault_a.secret": 1200, "public.vault_b.token": 300,
+                           "notifyq.webhook_secret.ciphertext": 0}  # no webhook secrets here
+    # 1,200 rows in batches of 500: three batches in pass 1, then an empty verification pass.
+    full = [b for b in batches if _attrs(b)["notifyq.key.column"] == "public.vault_a.secret"
+            and _attrs(b)["notifyq.key.batch.full"]]
+    assert len(full) == 2
