@@ -156,6 +156,7 @@ CREATE TABLE notifyq.job_run (
     has_children boolean DEFAULT false NOT NULL,
     defaulted smallint,
     awaited boolean DEFAULT false NOT NULL,
+    trace_context jsonb,
     CONSTRAINT job_run_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT job_run_concurrency_limit_check CHECK ((concurrency_limit >= 1)),
     CONSTRAINT job_run_input_check CHECK ((jsonb_typeof(input) = ANY (ARRAY['object'::text, 'array'::text]))),

@@ -34,7 +34,7 @@ SELECT * FROM {schema}._enqueue(
 -- own type, accepted by `accept_types`).
 INSERT INTO {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at,
                               max_attempts, timeout_s, tags, scope_entity_type, scope_entity_id,
-                              tenant_id, defaulted)
+                              tenant_id, defaulted, trace_context)
 SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.pool, 'default'),
        coalesce(r.priority, d.priority_default, 0), coalesce(r.run_at, now()),
        coalesce(r.max_attempts, d.max_attempts, 25), d.timeout_s, coalesce(r.tags, ARRAY[]::text[]),
@@ -52,10 +52,11 @@ SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.poo
             WHEN r.job_type = ANY (%(accept_types)s::text[])
                  OR {schema}._accept_unknown_job_type(r.job_type)
             THEN ((r.pool IS NULL)::integer + 2 * (r.priority IS NULL)::integer
-                  + 4 * (r.max_attempts IS NULL)::integer)::smallint END
+                  + 4 * (r.max_attempts IS NULL)::integer)::smallint END,
+       r.trace_context
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb, pool text,
      priority integer, run_at timestamptz, max_attempts integer, tags text[],
-     scope_entity_type text, scope_entity_id text, tenant_id text)
+     scope_entity_type text, scope_entity_id text, tenant_id text, trace_context jsonb)
 LEFT JOIN {schema}.job d ON d.type = r.job_type
 -- The size the SQL function checks, as jsonb prints it (1e300 is 5 bytes in Python's JSON and
 -- 301 here): an oversized row is left out, and the caller reports it.
@@ -87,7 +88,7 @@ RETURNING id, job_type, job_version, status, pool, priority, run_at, attempts, m
 WITH inserted AS (
     INSERT INTO {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at,
                                   max_attempts, timeout_s, tags, scope_entity_type,
-                                  scope_entity_id, tenant_id, defaulted)
+                                  scope_entity_id, tenant_id, defaulted, trace_context)
     SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.pool, 'default'),
            coalesce(r.priority, d.priority_default, 0), coalesce(r.run_at, now()),
            coalesce(r.max_attempts, d.max_attempts, 25), d.timeout_s,
@@ -102,10 +103,11 @@ WITH inserted AS (
                 WHEN r.job_type = ANY (%(accept_types)s::text[])
                      OR {schema}._accept_unknown_job_type(r.job_type)
                 THEN ((r.pool IS NULL)::integer + 2 * (r.priority IS NULL)::integer
-                      + 4 * (r.max_attempts IS NULL)::integer)::smallint END
+                      + 4 * (r.max_attempts IS NULL)::integer)::smallint END,
+           r.trace_context
     FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb, pool text,
          priority integer, run_at timestamptz, max_attempts integer, tags text[],
-         scope_entity_type text, scope_entity_id text, tenant_id text)
+         scope_entity_type text, scope_entity_id text, tenant_id text, trace_context jsonb)
     LEFT JOIN {schema}.job d ON d.type = r.job_type
     -- Oversized as jsonb prints it (see job_run_insert_many): left out, the caller reports it.
     WHERE octet_length(r.input::text) <= 65536
@@ -116,6 +118,13 @@ SELECT (SELECT count(*) FROM inserted) AS inserted, now() AS now, t.type, d.pool
        d.priority_default, d.max_attempts, d.timeout_s
 FROM unnest(%(types)s::text[]) AS t(type)
 LEFT JOIN {schema}.job d ON d.type = t.type
+
+-- name: job_run_trace_context_set
+-- The enqueue's trace context on a run written by _enqueue (dedupe or concurrency keys, the sync
+-- path), which takes no trace context: sent only when a tracer is installed, in the enqueue's
+-- transaction. A run that already has one (a dedupe hit on an older run) keeps it.
+UPDATE {schema}.job_run SET trace_context = %(trace_context)s::jsonb
+WHERE id = %(id)s AND trace_context IS NULL
 
 -- name: job_run_input_size
 SELECT octet_length(%(input)s::jsonb::text) AS size
@@ -146,7 +155,7 @@ FROM picked, n
 WHERE r.id = picked.id
 RETURNING r.id, r.job_type, r.job_version, r.input, r.pool, r.priority, r.run_at, r.attempts,
           r.max_attempts, r.timeout_s, r.fence, r.tags, r.parent_run_id, r.root_run_id,
-          r.dedupe_key, r.created_at, r.cancel_requested_at, r.claimed_at
+          r.dedupe_key, r.created_at, r.cancel_requested_at, r.claimed_at, r.trace_context
 
 -- name: job_run_claim_keyed
 -- Runs with a concurrency key, at most their limit running per key (see _claim_keyed).

@@ -27,6 +27,7 @@ class QueryNames:
     job_run_enqueue: LiteralString
     job_run_insert_many: LiteralString
     job_run_insert_bulk: LiteralString
+    job_run_trace_context_set: LiteralString
     job_run_input_size: LiteralString
     job_run_notify: LiteralString
     job_run_claim: LiteralString
