@@ -19,6 +19,7 @@ from notifyq._db.rows import run_row, typed_dict_row
 from notifyq._errors import InvalidTransition, RunNotFound
 from notifyq._limits import MAX_PAGE
 from notifyq._notifier import cancel_payload, wake_payload
+from notifyq._pause import Pause, PauseControl
 from notifyq._run import Run, RunStatus
 
 
@@ -69,11 +70,14 @@ class PoolBacklog:
 class Stats:
     counts: list[StatusCount]
     runnable: list[PoolBacklog]
-    """Only pools with runs runnable now."""
+    """Only pools with runs runnable now (paused ones included: their runs wait)."""
+    paused: list[Pause] = field(default_factory=list)
+    """The paused pools and job types."""
 
     def to_json(self) -> dict[str, Any]:
         return {"counts": [asdict(c) for c in self.counts],
-                "runnable": [asdict(r) for r in self.runnable]}
+                "runnable": [asdict(r) for r in self.runnable],
+                "paused": [p.to_json() for p in self.paused]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +334,7 @@ class RunControl:
         async with conn.cursor(row_factory=class_row(PoolBacklog)) as cur:
             await cur.execute(self._q.job_run_oldest_runnable, {"now": self._clock.db_now()})
             runnable = await cur.fetchall()
-        return Stats(counts, runnable)
+        return Stats(counts, runnable, await PauseControl(self._q, self._clock).list(conn))
 
     async def _run(self, conn: AsyncConn, query: LiteralString,
                    params: dict[str, Any]) -> Run | None:
@@ -345,10 +349,18 @@ class RunControl:
             return await cur.fetchall()
 
     async def overview(self, conn: AsyncConn) -> list[dict[str, Any]]:
-        """Per pool: runnable, scheduled, running, waiting, failed in the last hour and the
-        oldest runnable run's age in seconds."""
-        return await self._read(conn, self._q.job_run_pool_overview,
+        """Per pool: runnable, scheduled, running, waiting, failed in the last hour, the
+        oldest runnable run's age in seconds, and whether it is paused (a paused pool is
+        listed even without live runs, so it can be resumed from the list)."""
+        rows = await self._read(conn, self._q.job_run_pool_overview,
                                 {"now": self._clock.db_now()})
+        paused = {p.name for p in await PauseControl(self._q, self._clock).list(conn)
+                  if p.kind == "pool"}
+        idle = [{"pool": name, "runnable": 0, "scheduled": 0, "running": 0, "waiting": 0,
+                 "failed_last_hour": 0, "oldest_runnable_age_s": 0.0}
+                for name in paused - {r["pool"] for r in rows}]
+        return sorted(({**r, "paused": r["pool"] in paused} for r in rows + idle),
+                      key=lambda r: r["pool"])
 
     async def series(self, conn: AsyncConn, minutes: int = 60) -> list[dict[str, Any]]:
         """Per minute of the last ``minutes``, oldest first: completed, failed, and the p50

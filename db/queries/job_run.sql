@@ -129,11 +129,18 @@ SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payl
 -- SKIP LOCKED lets any number of producers claim concurrently without waiting on each other;
 -- the fence grows by one so write-backs from any earlier claim of the same run match nothing.
 -- `claimed_at` is the database's now: the worker times retries from it, not from its own clock.
+-- Paused pools and types (migration 0012) are read here, so every worker obeys from its next
+-- claim: the pool's check is uncorrelated (evaluated once, a one-time filter); the per-row type
+-- check runs only while some type is paused (the OR short-circuits on the one-time EXISTS).
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 picked AS (
-    SELECT id FROM {schema}.job_run, n
+    SELECT id FROM {schema}.job_run j, n
     WHERE status = 'pending' AND pool = %(pool)s AND run_at <= n.now
       AND concurrency_key IS NULL
+      AND NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'pool' AND name = %(pool)s)
+      AND (NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'type')
+           OR NOT EXISTS (SELECT FROM {schema}.pause p
+                          WHERE p.kind = 'type' AND p.name = j.job_type))
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

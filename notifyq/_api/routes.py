@@ -145,7 +145,7 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
     async def stats() -> dict[str, Any]:
         return (await app.stats()).to_json()
 
-    add_cluster_routes(router, app, read)
+    add_cluster_routes(router, app, read, admin)
     _add_signals(router, app, admin)
     _add_keys(router, app, read, admin)
     if app._webhooks is not None:  # only what this server does is in its OpenAPI document

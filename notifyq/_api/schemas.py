@@ -131,9 +131,37 @@ class RunnableRow(BaseModel):
     oldest_age_s: float
 
 
+class PauseOut(BaseModel):
+    kind: Literal["pool", "type"]
+    name: str
+    reason: str | None
+    paused_at: datetime
+
+
 class StatsOut(BaseModel):
     counts: list[CountRow]
     runnable: list[RunnableRow]
+    paused: list[PauseOut]
+
+
+class PauseIn(_In):
+    reason: Annotated[Text, Field(min_length=1, max_length=500)] | None = Field(
+        None, description="shown with the pause (dashboard, CLI, API)")
+
+
+class PausedOut(PauseOut):
+    created: bool = Field(description="false: it was paused already (paused_at is the first "
+                                      "pause's; a reason given replaces the old one)")
+
+
+class ResumedOut(BaseModel):
+    kind: Literal["pool", "type"]
+    name: str
+    resumed: bool = Field(description="false: it was not paused")
+
+
+class PausesOut(BaseModel):
+    items: list[PauseOut]
 
 
 class SignalOut(BaseModel):
@@ -196,6 +224,7 @@ class PoolRow(BaseModel):
     waiting: int
     failed_last_hour: int
     oldest_runnable_age_s: float
+    paused: bool = Field(description="no worker claims its runs until it is resumed")
 
 
 class PoolsOut(BaseModel):

@@ -102,6 +102,11 @@ class QueryNames:
     notifier_listen: LiteralString
     notifier_ping: LiteralString
 
+    # db/queries/pause.sql
+    pause_set: LiteralString
+    pause_clear: LiteralString
+    pause_list: LiteralString
+
     # db/queries/periodic.sql
     periodic_tick_enqueue: LiteralString
     periodic_tick_prune: LiteralString
