@@ -481,6 +481,22 @@ FROM n
 WHERE r.id = ANY (%(ids)s::uuid[]) AND r.status IN ('failed', 'canceled', 'timed_out')
 RETURNING r.id, r.pool, r.status
 
+-- name: job_run_delete_many
+-- Deletes many finished runs at once (a bulk action): runs not finished by now are left out
+-- (cancel them first). Steps go with their run (ON DELETE CASCADE); children keep their rows,
+-- their parent_run_id set to NULL.
+DELETE FROM {schema}.job_run
+WHERE id = ANY (%(ids)s::uuid[]) AND status IN ('completed', 'failed', 'canceled', 'timed_out')
+RETURNING id, pool, status
+
+-- name: job_run_reschedule_many
+-- Moves many pending runs to `run_at` (a bulk action): runs no longer pending are left out.
+-- Earlier or later alike; the caller wakes the pools when runs became runnable sooner.
+UPDATE {schema}.job_run
+SET run_at = %(run_at)s, updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = ANY (%(ids)s::uuid[]) AND status = 'pending'
+RETURNING id, pool, status
+
 -- name: job_run_pool_overview
 -- Per pool, what is live now and what failed in the last hour, each part read from its own
 -- partial index (claim/scheduled, running, waiting, finished), so the cost follows the live

@@ -200,11 +200,17 @@ class FilterIn(_In):
 
 
 class BulkIn(_In):
-    action: Literal["cancel", "retry"]
+    action: Literal["cancel", "retry", "delete", "reschedule"] = Field(description=(
+        "cancel: pending, waiting, running (asked to stop); retry: failed, canceled, "
+        "timed_out; delete: finished runs only; reschedule: pending runs, to run_at"))
     ids: Annotated[list[UUID], Field(min_length=1, max_length=10_000)] | None = None
     filter: FilterIn | None = None
     dry_run: bool = Field(False, description="with filter: only count the runs the action "
                                              "applies to (up to 10,000)")
+    run_at: AwareDatetime | None = Field(None, description="reschedule: the new run_at "
+                                                            "(required; with an offset)")
+    batch_size: Annotated[int, Field(ge=1, le=5000)] = Field(
+        500, description="runs changed per transaction")
 
 
 class BulkOut(BaseModel):
@@ -214,6 +220,7 @@ class BulkOut(BaseModel):
     changed: int | None = Field(None, description="runs canceled or put back in line")
     requested: int | None = Field(None, description="running runs asked to stop")
     remaining: int | None = Field(None, description="matching runs left: send it again")
+    batches: int | None = Field(None, description="transactions it took")
 
 
 class PoolRow(BaseModel):

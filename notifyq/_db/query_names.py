@@ -51,6 +51,8 @@ class QueryNames:
     job_run_count: LiteralString
     job_run_cancel_many: LiteralString
     job_run_retry_many: LiteralString
+    job_run_delete_many: LiteralString
+    job_run_reschedule_many: LiteralString
     job_run_pool_overview: LiteralString
     job_run_series: LiteralString
     job_run_read_no_jit: LiteralString
