@@ -185,12 +185,19 @@ DECLARE
     free      integer;
     claimed   integer;
     remaining integer := p_limit;
+    types_paused boolean;
 BEGIN
+    IF EXISTS (SELECT FROM pause WHERE kind = 'pool' AND name = p_pool) THEN
+        RETURN;
+    END IF;
+    types_paused := EXISTS (SELECT FROM pause WHERE kind = 'type');
     FOR k IN
         SELECT concurrency_key AS key, max(concurrency_limit) AS lim
-        FROM job_run
+        FROM job_run j
         WHERE status = 'pending' AND pool = p_pool AND run_at <= now_
           AND concurrency_key IS NOT NULL
+          AND (NOT types_paused
+               OR NOT EXISTS (SELECT FROM pause p WHERE p.kind = 'type' AND p.name = j.job_type))
         GROUP BY concurrency_key
         ORDER BY min(priority), min(run_at)
         LIMIT 1000
@@ -204,9 +211,12 @@ BEGIN
         CONTINUE WHEN free <= 0;
         RETURN QUERY
             WITH picked AS (
-                SELECT id FROM job_run
+                SELECT id FROM job_run j
                 WHERE status = 'pending' AND pool = p_pool AND concurrency_key = k.key
                   AND run_at <= now_
+                  AND (NOT types_paused
+                       OR NOT EXISTS (SELECT FROM pause p
+                                      WHERE p.kind = 'type' AND p.name = j.job_type))
                 ORDER BY priority, run_at, id
                 LIMIT free
                 FOR UPDATE SKIP LOCKED
@@ -710,6 +720,20 @@ CREATE TABLE notifyq.leader (
 );
 
 --
+-- Name: pause; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.pause (
+    kind text NOT NULL,
+    name text NOT NULL,
+    reason text,
+    paused_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT pause_kind_check CHECK ((kind = ANY (ARRAY['pool'::text, 'type'::text]))),
+    CONSTRAINT pause_name_check CHECK (((length(name) >= 1) AND (length(name) <= 128))),
+    CONSTRAINT pause_reason_check CHECK ((length(reason) <= 500))
+);
+
+--
 -- Name: periodic_schedule; Type: TABLE; Schema: notifyq; Owner: -
 --
 
@@ -948,6 +972,13 @@ ALTER TABLE ONLY notifyq.key_version
 
 ALTER TABLE ONLY notifyq.leader
     ADD CONSTRAINT leader_pkey PRIMARY KEY (name);
+
+--
+-- Name: pause pause_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.pause
+    ADD CONSTRAINT pause_pkey PRIMARY KEY (kind, name);
 
 --
 -- Name: periodic_schedule periodic_schedule_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from uuid import UUID
 
 import anyio
@@ -42,6 +42,7 @@ from notifyq._keys.columns import EncryptedColumns
 from notifyq._keys.reencrypt import Reencryptor
 from notifyq._limits import MAX_SIGNAL_TOKEN_LEN
 from notifyq._maintenance.scheduler import schedule_list, schedule_pause, schedule_resume
+from notifyq._pause import Pause, PauseControl
 from notifyq._policies import ConcurrencyPolicy, DedupePolicy, ReplayFrom, RetryPolicy, Scope
 from notifyq._registry import PeriodicSpec, Registry
 from notifyq._run import Run, awaitable
@@ -91,6 +92,7 @@ class App:
         self._enqueuer = Enqueuer(self._runtime, self._registry)
         self._control = RunControl(self._runtime.queries, self.clock)
         self._awaiter = Awaiter(self._runtime)
+        self._pauses = PauseControl(self._runtime.queries, self.clock)
         self._columns = EncryptedColumns()
         for column in settings.encrypted_columns:
             self._columns.register(column.table, pk=column.pk, column=column.column)
@@ -390,6 +392,33 @@ class App:
         was paused are skipped, even with ``catch_up``."""
         async with self._runtime.connection() as conn:
             return await schedule_resume(conn, self._runtime.queries, name, self.clock.db_now())
+    # -- pause and resume ---------------------------------------------------------------------
+
+    async def pause(self, *, pool: str | None = None, job_type: str | None = None,
+                    reason: str | None = None) -> Pause:
+        """Stop every worker claiming the runs of a pool or of a job type (one of the two),
+        from its next claim on; pending runs stay pending, running ones finish. Pausing again
+        keeps the first ``paused_at``. ::
+
+            await app.pause(pool="reports", reason="nightly load test")
+            await app.resume(pool="reports")
+        """
+        kind, name = _pause_target(pool, job_type)
+        async with self._runtime.connection() as conn:
+            paused, _ = await self._pauses.pause(conn, kind, name, reason=reason)
+        return paused
+
+    async def resume(self, *, pool: str | None = None, job_type: str | None = None) -> bool:
+        """Let workers claim a paused pool's or type's runs again (woken at once); False when
+        it was not paused."""
+        kind, name = _pause_target(pool, job_type)
+        async with self._runtime.connection() as conn:
+            return await self._pauses.resume(conn, kind, name) is not None
+
+    async def paused(self) -> list[Pause]:
+        """The paused pools and job types."""
+        async with self._runtime.connection() as conn:
+            return await self._pauses.list(conn)
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -443,6 +472,12 @@ class App:
 
 def _request(job_type: str, input: Any, **fields: Any) -> EnqueueRequest:
     return EnqueueRequest(job_type=job_type, input={} if input is None else input, **fields)
+
+
+def _pause_target(pool: str | None, job_type: str | None) -> tuple[Literal["pool", "type"], str]:
+    if (pool is None) == (job_type is None):
+        raise ValueError("give either pool or job_type")
+    return ("pool", pool) if pool is not None else ("type", job_type or "")
 
 
 def _uuid(value: UUID | str) -> UUID:

@@ -138,11 +138,18 @@ SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payl
 -- SKIP LOCKED lets any number of producers claim concurrently without waiting on each other;
 -- the fence grows by one so write-backs from any earlier claim of the same run match nothing.
 -- `claimed_at` is the database's now: the worker times retries from it, not from its own clock.
+-- Paused pools and types (migration 0013) are read here, so every worker obeys from its next
+-- claim: the pool's check is uncorrelated (evaluated once, a one-time filter); the per-row type
+-- check runs only while some type is paused (the OR short-circuits on the one-time EXISTS).
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 picked AS (
-    SELECT id FROM {schema}.job_run, n
+    SELECT id FROM {schema}.job_run j, n
     WHERE status = 'pending' AND pool = %(pool)s AND run_at <= n.now
       AND concurrency_key IS NULL
+      AND NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'pool' AND name = %(pool)s)
+      AND (NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'type')
+           OR NOT EXISTS (SELECT FROM {schema}.pause p
+                          WHERE p.kind = 'type' AND p.name = j.job_type))
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -482,6 +489,22 @@ SET status = 'pending', run_at = n.now, finished_at = NULL, cancel_requested_at 
 FROM n
 WHERE r.id = ANY (%(ids)s::uuid[]) AND r.status IN ('failed', 'canceled', 'timed_out')
 RETURNING r.id, r.pool, r.status
+
+-- name: job_run_delete_many
+-- Deletes many finished runs at once (a bulk action): runs not finished by now are left out
+-- (cancel them first). Steps go with their run (ON DELETE CASCADE); children keep their rows,
+-- their parent_run_id set to NULL.
+DELETE FROM {schema}.job_run
+WHERE id = ANY (%(ids)s::uuid[]) AND status IN ('completed', 'failed', 'canceled', 'timed_out')
+RETURNING id, pool, status
+
+-- name: job_run_reschedule_many
+-- Moves many pending runs to `run_at` (a bulk action): runs no longer pending are left out.
+-- Earlier or later alike; the caller wakes the pools when runs became runnable sooner.
+UPDATE {schema}.job_run
+SET run_at = %(run_at)s, updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = ANY (%(ids)s::uuid[]) AND status = 'pending'
+RETURNING id, pool, status
 
 -- name: job_run_pool_overview
 -- Per pool, what is live now and what failed in the last hour, each part read from its own

@@ -16,7 +16,7 @@ from notifyq._api import schemas
 from notifyq._api.cluster import add_cluster_routes, run_filter
 from notifyq._api.schedules import add_schedule_routes
 from notifyq._app import App
-from notifyq._control import RunFilter
+from notifyq._control import BulkOptions, RunFilter
 from notifyq._crypto.ciphertext import MAX_VERSION
 from notifyq._enqueue.request import EnqueueRequest
 from notifyq._errors import ConfigError, InvalidEnqueue, PayloadTooLarge, ResultTimeout, UnknownStep
@@ -132,26 +132,27 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
 
     @router.post("/jobs/bulk", dependencies=admin, response_model=schemas.BulkOut,
                  responses=responses_for(422, *AUTH),
-                 summary="Cancel or retry many runs: by id, or all that match a filter "
-                         "(dry_run: only count them)")
+                 summary="Cancel, retry, delete or reschedule many runs: by id, or all that "
+                         "match a filter, in batches (dry_run: only count them)")
     async def bulk(body: schemas.BulkIn) -> Any:
         if (body.ids is None) == (body.filter is None):
             return problem(422, "give either ids or filter", field="body")
+        options = BulkOptions(run_at=body.run_at, batch_size=body.batch_size)
+        try:
+            if not body.dry_run:  # a count needs no run_at
+                options.check(body.action)
+            where = _filter_of(body.filter) if body.filter is not None else None
+        except ValueError as exc:
+            return problem(422, str(exc), field="run_at" if "run_at" in str(exc) else "filter")
         async with (await app.pool()).connection() as conn:
-            if body.filter is not None:
-                try:
-                    where = _filter_of(body.filter)
-                except ValueError as exc:
-                    return problem(422, f"filter: {exc}", field="filter")
-                if body.dry_run:
-                    return {"action": body.action, "dry_run": True,
-                            "matched": await app._control.count(conn, where, body.action)}
-                result = await app._control.bulk(conn, body.action, where=where)
-            else:
-                if body.dry_run:
+            if body.dry_run:
+                if where is None:
                     return problem(422, "dry_run counts a filter's runs; with ids, the count "
                                    "is theirs", field="dry_run")
-                result = await app._control.bulk(conn, body.action, ids=body.ids)
+                return {"action": body.action, "dry_run": True,
+                        "matched": await app._control.count(conn, where, body.action)}
+            result = await app._control.bulk(conn, body.action, ids=body.ids, where=where,
+                                             options=options)
         return {**result.to_json(), "dry_run": False}
 
     @router.post("/jobs/{id}/cancel", dependencies=admin, response_model=schemas.RunOut,
@@ -183,7 +184,7 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
     async def stats() -> dict[str, Any]:
         return (await app.stats()).to_json()
 
-    add_cluster_routes(router, app, read)
+    add_cluster_routes(router, app, read, admin)
     add_schedule_routes(router, app, read, admin)
     _add_signals(router, app, admin)
     _add_keys(router, app, read, admin)

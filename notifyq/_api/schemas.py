@@ -147,9 +147,37 @@ class RunnableRow(BaseModel):
     oldest_age_s: float
 
 
+class PauseOut(BaseModel):
+    kind: Literal["pool", "type"]
+    name: str
+    reason: str | None
+    paused_at: datetime
+
+
 class StatsOut(BaseModel):
     counts: list[CountRow]
     runnable: list[RunnableRow]
+    paused: list[PauseOut]
+
+
+class PauseIn(_In):
+    reason: Annotated[Text, Field(min_length=1, max_length=500)] | None = Field(
+        None, description="shown with the pause (dashboard, CLI, API)")
+
+
+class PausedOut(PauseOut):
+    created: bool = Field(description="false: it was paused already (paused_at is the first "
+                                      "pause's; a reason given replaces the old one)")
+
+
+class ResumedOut(BaseModel):
+    kind: Literal["pool", "type"]
+    name: str
+    resumed: bool = Field(description="false: it was not paused")
+
+
+class PausesOut(BaseModel):
+    items: list[PauseOut]
 
 
 class SignalOut(BaseModel):
@@ -188,11 +216,17 @@ class FilterIn(_In):
 
 
 class BulkIn(_In):
-    action: Literal["cancel", "retry"]
+    action: Literal["cancel", "retry", "delete", "reschedule"] = Field(description=(
+        "cancel: pending, waiting, running (asked to stop); retry: failed, canceled, "
+        "timed_out; delete: finished runs only; reschedule: pending runs, to run_at"))
     ids: Annotated[list[UUID], Field(min_length=1, max_length=10_000)] | None = None
     filter: FilterIn | None = None
     dry_run: bool = Field(False, description="with filter: only count the runs the action "
                                              "applies to (up to 10,000)")
+    run_at: AwareDatetime | None = Field(None, description="reschedule: the new run_at "
+                                                            "(required; with an offset)")
+    batch_size: Annotated[int, Field(ge=1, le=5000)] = Field(
+        500, description="runs changed per transaction")
 
 
 class BulkOut(BaseModel):
@@ -202,6 +236,7 @@ class BulkOut(BaseModel):
     changed: int | None = Field(None, description="runs canceled or put back in line")
     requested: int | None = Field(None, description="running runs asked to stop")
     remaining: int | None = Field(None, description="matching runs left: send it again")
+    batches: int | None = Field(None, description="transactions it took")
 
 
 class PoolRow(BaseModel):
@@ -212,6 +247,7 @@ class PoolRow(BaseModel):
     waiting: int
     failed_last_hour: int
     oldest_runnable_age_s: float
+    paused: bool = Field(description="no worker claims its runs until it is resumed")
 
 
 class PoolsOut(BaseModel):

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import psycopg
 
+from notifyq._cli.pause import add_pause_commands
 from notifyq._cli.process import add_bench_command, add_process_commands
 from notifyq._cli.runs import add_run_commands
 from notifyq._cli.schedules import add_schedule_commands
@@ -35,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     add_process_commands(sub)
     add_run_commands(sub)
     add_schedule_commands(sub)
+    add_pause_commands(sub)
     add_keys_parser(sub)
     add_webhooks_parser(sub)
     add_bench_command(sub)

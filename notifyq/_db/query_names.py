@@ -52,6 +52,8 @@ class QueryNames:
     job_run_count: LiteralString
     job_run_cancel_many: LiteralString
     job_run_retry_many: LiteralString
+    job_run_delete_many: LiteralString
+    job_run_reschedule_many: LiteralString
     job_run_pool_overview: LiteralString
     job_run_series: LiteralString
     job_run_read_no_jit: LiteralString
@@ -106,6 +108,11 @@ class QueryNames:
     # db/queries/notifier.sql
     notifier_listen: LiteralString
     notifier_ping: LiteralString
+
+    # db/queries/pause.sql
+    pause_set: LiteralString
+    pause_clear: LiteralString
+    pause_list: LiteralString
 
     # db/queries/periodic.sql
     periodic_schedule_register: LiteralString

@@ -378,3 +378,30 @@ def test_the_static_assets_are_served_from_the_package(served: Served) -> None:
             answer = http.get(f"/ui/static/{asset}")
             assert answer.status_code == 200, asset
             assert len(answer.content) > 500
+
+
+def test_the_overview_pauses_and_resumes_a_pool_for_admins_only(served: Served, sql: Conn,
+                                                                admin: Dashboard) -> None:
+    _later(sql, 2)
+    panels = admin.get("/ui/overview/panels").text
+    assert 'action="/ui/pools/default/pause"' in panels
+    assert admin.post("/ui/pools/default/pause").status_code == 303
+    assert scalar(sql, "SELECT reason FROM notifyq.pause WHERE kind = 'pool' "
+                       "AND name = 'default'") == "paused from the dashboard"
+    panels = admin.get("/ui/overview/panels").text
+    assert ">paused</span>" in panels
+    assert 'action="/ui/pools/default/resume"' in panels
+    assert admin.post("/ui/pools/Bad Pool/pause").status_code == 422
+    assert admin.post("/ui/pools/default/pause", csrf=False).status_code == 403
+
+    with Dashboard(served) as reader:
+        assert reader.sign_in(READER).status_code == 303
+        seen = reader.get("/ui/overview/panels").text
+        assert ">paused</span>" in seen
+        assert "/pools/default/resume" not in seen
+        assert reader.post("/ui/pools/default/resume").status_code == 403
+    assert scalar(sql, "SELECT count(*) FROM notifyq.pause") == 1
+
+    assert admin.post("/ui/pools/default/resume").status_code == 303
+    assert scalar(sql, "SELECT count(*) FROM notifyq.pause") == 0
+    assert 'action="/ui/pools/default/pause"' in admin.get("/ui/overview/panels").text
