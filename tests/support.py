@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
+import psycopg
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,7 +148,11 @@ class Workers:
         return len(dead)
 
     def stop_all(self) -> list[int | None]:
-        """SIGTERM everything, then wait (SIGKILL after 15 s); returns the exit codes."""
+        """SIGTERM everything, then wait (SIGKILL after 15 s); returns the exit codes. A worker
+        still importing has no SIGTERM handler yet and would die of the signal (-15): first wait
+        (up to 20 s) until every live one has recorded itself in the worker registry, which it
+        does after its handler is in place."""
+        self.wait_registered()
         for proc in self.procs:
             if proc.poll() is None:
                 proc.terminate()  # once: a second SIGTERM would kill it mid-shutdown
@@ -160,6 +165,16 @@ class Workers:
                 proc.wait()
                 codes.append(None)
         return codes
+
+    def wait_registered(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                alive = {p.pid for p in self.alive}
+                rows = conn.execute("SELECT pid FROM notifyq.worker").fetchall()
+                if alive <= {pid for (pid,) in rows}:
+                    return
+                time.sleep(0.05)
 
     def kill_all(self) -> None:
         for proc in self.procs:
