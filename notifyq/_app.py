@@ -370,7 +370,7 @@ class App:
                     "now": self.clock.db_now(), "channel": self._runtime.queries.schema})
         worker = self.worker(concurrency=concurrency, pools=pools, burst=burst)
         log.info("worker %s: pools %s, concurrency %d, handlers %s", worker.id,
-                 ",".join(worker.producers), worker.slots.size,
+                 ",".join(worker.producers), worker.concurrency,
                  ",".join(s.job_type for s in self._registry.specs()) or "-")
         task_status.started(worker)
         await worker.run()

@@ -445,20 +445,26 @@ class Bench:
                                          for i in range(start, min(start + 1000, n))])
 
     async def _claim_complete(self, connections: int) -> None:
+        """The worker's statement in a bare loop: each one writes back the previous batch as
+        completed and claims the next, as a busy worker's completer does."""
         q, db = self.app._runtime.queries, await self.app.pool()
-        claim = {"now": None, "pool": "default", "limit": self.sizes.sql_batch,
-                 "worker_id": "bench", "lease_s": 30.0}
 
         async def loop() -> None:
+            rows: list[dict[str, Any]] = []
             async with db.connection() as conn:
-                while rows := await (await conn.execute(q.job_run_claim, claim)).fetchall():
+                while True:
                     k = len(rows)
-                    await conn.execute(q.job_run_finish_many, {
+                    rows = await (await conn.execute(q.job_run_finish_and_claim, {
                         "now": None, "ids": [r["id"] for r in rows],
                         "fences": [r["fence"] for r in rows], "statuses": ["completed"] * k,
                         "outputs": [None] * k, "errors": [None] * k, "run_ats": [None] * k,
                         "refunds": [0] * k, "wait_kinds": [None] * k,
-                        "wait_tokens": [None] * k, "waiting_ons": [None] * k})
+                        "wait_tokens": [None] * k, "waiting_ons": [None] * k,
+                        "pool": "default", "limit": self.sizes.sql_batch,
+                        "worker_id": "bench", "lease_s": 30.0})).fetchall()
+                    rows = [r for r in rows if r["claimed"]]
+                    if not rows and not k:
+                        return
 
         async def all_loops() -> None:
             async with anyio.create_task_group() as tg:

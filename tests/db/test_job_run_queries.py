@@ -18,6 +18,7 @@ from tests.db.conftest import T0
 from tests.db.helpers import (
     DEFINITION,
     LIST_FILTERS,
+    NO_CLAIM,
     Conn,
     claim,
     count,
@@ -221,7 +222,7 @@ def test_job_run_finish_many_writes_each_outcome_in_one_statement(db: Conn, q: Q
     runs = [enqueue(db, q, run_at=T0) for _ in range(3)]
     claims = {r["id"]: r["fence"] for r in claim(db, q, T0)}
     a, b, c = (r["id"] for r in runs)
-    rows = db.execute(q.job_run_finish_many, {
+    rows = db.execute(q.job_run_finish_and_claim, {**NO_CLAIM,
         "now": T0 + seconds(1), "ids": [a, b, c], "fences": [claims[a], claims[b], claims[c]],
         "statuses": ["completed", "failed", "pending"],
         "outputs": ['{"ok": true}', None, None],
