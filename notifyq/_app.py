@@ -464,7 +464,7 @@ class App:
         if worker.notifier is not None:  # waits in this process ride the worker's listener
             self._awaiter.share(worker.notifier)
         log.info("worker %s: pools %s, concurrency %d, handlers %s", worker.id,
-                 ",".join(worker.producers), worker.slots.size,
+                 ",".join(worker.producers), worker.concurrency,
                  ",".join(s.job_type for s in self._registry.specs()) or "-")
         task_status.started(worker)
         await worker.run()

@@ -79,6 +79,8 @@ _VERIFY: LiteralString = """
 SELECT count(*) AS total,
        count(*) FILTER (WHERE status = 'completed' AND attempts = 1) AS once
 FROM {schema}.job_run"""
+_BACKENDS: LiteralString = """
+SELECT pid FROM pg_stat_activity WHERE datname = current_database()"""
 
 
 
@@ -184,6 +186,7 @@ class Bench:
         self.sizes = sizes
         self.app = App(settings=load_settings(database_url=dsn, pool_max_size=16))
         self.executed = 0
+        self.cpu_us: dict[int, dict[str, float]] = {}
         self.started: dict[UUID, float] = {}
         self._timing = False
         self._progress = anyio.Event()
@@ -342,16 +345,29 @@ class Bench:
         return {"n": self.sizes.drain_n, "verified_exactly_once": True,
                 f"concurrency_{self.sizes.drain_base}": rates[self.sizes.drain_base],
                 "best": {"concurrency": best, "jobs_per_s": rates[best]},
-                "by_concurrency": {str(c): r for c, r in rates.items()}}
+                "by_concurrency": {str(c): r for c, r in rates.items()},
+                "cpu_by_concurrency": {str(c): self.cpu_us[c] for c in rates}}
 
     async def _drain_once(self, n: int, concurrency: int) -> float:
         """Enqueue ``n`` runs (untimed), drain them with a burst worker (timed), verify."""
         await self.reset()
         await self._enqueue_untimed(n)
         self.executed = 0
+        python_s, server_s = time.process_time(), await self._server_cpu_s()
         rate = await _rate(n, lambda: self.app.run_worker(concurrency=concurrency, burst=True))
+        python_s, server_s = time.process_time() - python_s, await self._server_cpu_s() - server_s
+        self.cpu_us[concurrency] = {"python_us_per_run": round(python_s / n * 1e6, 1),
+                                    "server_us_per_run": round(server_s / n * 1e6, 1)}
         await self._verify(n)
         return round(rate, 1)
+
+    async def _server_cpu_s(self) -> float:
+        """CPU seconds used so far by the backends of the bench database (0 when PostgreSQL
+        runs on another host: their /proc entries are not here). Backends that exit in between
+        are missed; the pool's connections outlive a drain, so that is the worker's listener."""
+        async with (await self.app.pool()).connection() as conn:
+            rows = await (await conn.execute(_BACKENDS)).fetchall()
+        return sum(map(_process_cpu_s, (row["pid"] for row in rows)))
 
     async def _verify(self, n: int) -> None:
         async with (await self.app.pool()).connection() as conn:
@@ -425,20 +441,26 @@ class Bench:
                                          for i in range(start, min(start + 1000, n))])
 
     async def _claim_complete(self, connections: int) -> None:
+        """The worker's statement in a bare loop: each one writes back the previous batch as
+        completed and claims the next, as a busy worker's completer does."""
         q, db = self.app._runtime.queries, await self.app.pool()
-        claim = {"now": None, "pool": "default", "limit": self.sizes.sql_batch,
-                 "worker_id": "bench", "lease_s": 30.0}
 
         async def loop() -> None:
+            rows: list[dict[str, Any]] = []
             async with db.connection() as conn:
-                while rows := await (await conn.execute(q.job_run_claim, claim)).fetchall():
+                while True:
                     k = len(rows)
-                    await conn.execute(q.job_run_finish_many, {
+                    rows = await (await conn.execute(q.job_run_finish_and_claim, {
                         "now": None, "ids": [r["id"] for r in rows],
                         "fences": [r["fence"] for r in rows], "statuses": ["completed"] * k,
                         "outputs": [None] * k, "errors": [None] * k, "run_ats": [None] * k,
                         "refunds": [0] * k, "wait_kinds": [None] * k,
-                        "wait_tokens": [None] * k, "waiting_ons": [None] * k})
+                        "wait_tokens": [None] * k, "waiting_ons": [None] * k,
+                        "pool": "default", "limit": self.sizes.sql_batch,
+                        "worker_id": "bench", "lease_s": 30.0})).fetchall()
+                    rows = [r for r in rows if r["claimed"]]
+                    if not rows and not k:
+                        return
 
         async def all_loops() -> None:
             async with anyio.create_task_group() as tg:
@@ -446,6 +468,16 @@ class Bench:
                     tg.start_soon(loop)
 
         await all_loops()
+
+
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a local process; 0 if it is gone (or not local)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 async def _concurrently(worker: Callable[[int], Coroutine[Any, Any, None]], tasks: int,
@@ -490,6 +522,10 @@ def render(report: dict[str, Any]) -> str:
         rows.append(("drain", f"burst worker, concurrency {base} (N={d['n']})",
                      _rate_text(d["by_concurrency"][str(base)])))
         tried = "/".join(str(c) for c in s["drain_tries"])
+        cpu = d["cpu_by_concurrency"][str(base)]
+        rows.append(("", f"  CPU per run at {base}: Python (whole process) / PostgreSQL "
+                     "backends", f"{cpu['python_us_per_run']:,.0f} / "
+                     f"{cpu['server_us_per_run']:,.0f} us"))
         rows.append(("", f"best of concurrency {tried}: {d['best']['concurrency']}",
                      _rate_text(d["best"]["jobs_per_s"])))
         rows.append(("", "verified in SQL: all completed, attempts = 1", "yes"))

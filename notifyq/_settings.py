@@ -84,6 +84,11 @@ class WorkerSettings(_Section):
     transaction mode without a listener DSN). Defaults to True."""
     completer_batch_max: Annotated[int, Field(ge=1, le=10_000)] = 500
     """Most write-backs in one statement. Defaults to 500."""
+    prefetch: Annotated[int, Field(ge=0, le=10_000)] | None = None
+    """Claimed runs a worker holds beyond its busy handlers (claim-ahead), so a handler that
+    finishes starts the next run without waiting for a claim; they are leased and heartbeated
+    like running ones, and released at shutdown. 0 claims only for free handlers. Defaults to
+    the concurrency."""
 
     @field_validator("pools", mode="before")
     @classmethod

@@ -2,7 +2,7 @@
 
 Every SQL statement notifyq runs lives in ``db/queries/<entity>.sql`` as a named block::
 
-    -- name: job_run_claim
+    -- name: job_run_finish_and_claim
     WITH ... {schema}.job_run ...
 
 The files are parsed once; ``{schema}`` is filled with the quoted identifier of the configured
@@ -64,7 +64,7 @@ def _compose(name: str, body: str, schema: sql.Identifier) -> str:
 
 
 class Queries(QueryNames):
-    """The registry for one schema: ``queries.job_run_claim`` is ready to execute."""
+    """The registry for one schema: ``queries.job_run_finish_and_claim`` is ready to execute."""
 
     def __init__(self, schema: str) -> None:
         self.schema = schema

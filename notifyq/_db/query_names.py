@@ -30,10 +30,9 @@ class QueryNames:
     job_run_trace_context_set: LiteralString
     job_run_input_size: LiteralString
     job_run_notify: LiteralString
-    job_run_claim: LiteralString
     job_run_claim_keyed: LiteralString
     job_run_next_run_at: LiteralString
-    job_run_finish_many: LiteralString
+    job_run_finish_and_claim: LiteralString
     job_run_heartbeat_many: LiteralString
     job_run_reap_expired: LiteralString
     job_run_purge_finished: LiteralString

@@ -1,10 +1,16 @@
-"""Writing outcomes back: batched, fenced, and never reported done before the commit.
+"""Writing outcomes back and claiming the next runs: one statement per cycle.
 
-Executors hand their outcome to :meth:`Completer.write` and wait. The completer's loop takes
-whatever has queued up (at most ``batch_max``) and writes it with one statement; under load the
-batch fills while the previous statement is in flight, at idle a write goes out alone at once.
-Rows the statement did not return were taken over by another worker: those writers get
-:class:`~notifyq._errors.LeaseLost`.
+Executors hand their outcome to :meth:`Completer.submit` and go on with their next run; the
+callback they pass is called once the write committed (or was fenced out). Producers ask for
+runs with :meth:`Completer.claim`. The completer's loop takes whatever has queued up (at most
+``batch_max`` write-backs, and the claims asked for) and sends it as one statement,
+``job_run_finish_and_claim``: under load the batch fills while the previous statement is in
+flight, at idle a write or a claim goes out alone at once. A busy worker thus pays one round
+trip per batch instead of a claim and a write-back (drain at concurrency 10, 2 cores: see
+bench/RESULTS.md, 2026-12-01).
+
+Rows the statement did not return were taken over by another worker: their callbacks get
+``written=False`` (:meth:`write` raises :class:`~notifyq._errors.LeaseLost`).
 """
 
 from __future__ import annotations
@@ -28,50 +34,99 @@ from notifyq._errors import CompleterClosedError, LeaseLost
 
 log = logging.getLogger("notifyq.completer")
 
+Written = Callable[[bool, BaseException | None], None]
+"""A write-back's callback: (committed, the error when it could not be written)."""
 
 
-
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Pending:
     run_id: UUID
     fence: int
     outcome: Outcome
-    done: anyio.Event = field(default_factory=anyio.Event)
-    written: bool = False
+    done: Written
+
+
+@dataclass(eq=False)
+class Claim:
+    """A producer's request for runs, answered in the completer's next statement.
+
+    ``take`` is called just before the statement is sent and says how many runs to claim (the
+    free capacity then, not when the request was made); each claimed row goes to ``start``
+    from the completer's task, so no claimed run is dropped when the producer that asked has
+    been cancelled meanwhile."""
+
+    pool: str
+    keyed: bool
+    take: Callable[[], int]
+    start: Callable[[dict[str, Any]], None]
+    want: int = 0
+    got: int = 0
     failure: BaseException | None = None
+    abandoned: bool = False
+    done: anyio.Event = field(default_factory=anyio.Event)
 
 
 class Completer:
-    """Batches fenced write-backs; one per worker process."""
+    """Batches fenced write-backs, with the next claim; one per worker process."""
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConn], queries: Queries, clock: Clock, *,
                  batch_max: int = 500, on_written: Callable[[str, str], None] | None = None,
-                 retry_for_s: float = 30.0) -> None:
+                 retry_for_s: float = 30.0, worker_id: str = "", lease_s: float = 30.0) -> None:
         self._pool = pool
         self._q = queries
         self._clock = clock
         self._batch_max = batch_max
         self._on_written = on_written
         self._retry_for_s = retry_for_s
-        self._send: MemoryObjectSendStream[_Pending]
-        self._receive: MemoryObjectReceiveStream[_Pending]
-        self._send, self._receive = anyio.create_memory_object_stream[_Pending](10_000)
+        self._worker_id = worker_id
+        self._lease_s = lease_s
+        self._send: MemoryObjectSendStream[_Pending | Claim]
+        self._receive: MemoryObjectReceiveStream[_Pending | Claim]
+        self._send, self._receive = anyio.create_memory_object_stream[_Pending | Claim](
+            float("inf"))
+        self._claims: list[Claim] = []
         self.batches = 0
         self.lease_lost = 0
 
-    async def write(self, run_id: UUID, fence: int, outcome: Outcome) -> None:
-        """Persist ``outcome``; return once committed. Raises LeaseLost when fenced out."""
-        item = _Pending(run_id, fence, outcome)
+    def submit(self, run_id: UUID, fence: int, outcome: Outcome, done: Written) -> None:
+        """Queue ``outcome`` for writing; ``done`` is called after the statement."""
         try:
-            await self._send.send(item)
+            self._send.send_nowait(_Pending(run_id, fence, outcome, done))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise CompleterClosedError("completer is closed") from None
-        await item.done.wait()
-        if item.failure is not None:
-            raise item.failure
-        if not item.written:
-            self.lease_lost += 1
+
+    async def write(self, run_id: UUID, fence: int, outcome: Outcome) -> None:
+        """Persist ``outcome``; return once committed. Raises LeaseLost when fenced out."""
+        finished = anyio.Event()
+        result: list[Any] = []
+
+        def done(written: bool, failure: BaseException | None) -> None:
+            result.extend((written, failure))
+            finished.set()
+
+        self.submit(run_id, fence, outcome, done)
+        await finished.wait()
+        written, failure = result
+        if failure is not None:
+            raise failure
+        if not written:
             raise LeaseLost(f"run {run_id} is no longer leased with fence {fence}")
+
+    async def claim(self, request: Claim) -> Claim:
+        """Claim runs in the next statement; returns ``request`` with ``want`` and ``got`` set
+        (raises its ``failure``). Cancelled before the statement, nothing is claimed."""
+        try:
+            self._send.send_nowait(request)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise CompleterClosedError("completer is closed") from None
+        try:
+            await request.done.wait()
+        except BaseException:
+            request.abandoned = True
+            raise
+        if request.failure is not None:
+            raise request.failure
+        return request
 
     def close(self) -> None:
         """Stop accepting writes; :meth:`run` returns once the queued ones are written."""
@@ -80,56 +135,77 @@ class Completer:
     async def run(self) -> None:
         async with self._receive:
             async for first in self._receive:
-                batch = [first]
-                while len(batch) < self._batch_max:
+                writes: list[_Pending] = []
+                self._add(first, writes)
+                while len(writes) < self._batch_max:
                     try:
-                        batch.append(self._receive.receive_nowait())
+                        self._add(self._receive.receive_nowait(), writes)
                     except (anyio.WouldBlock, anyio.EndOfStream):
                         break
-                await self._flush(batch)
+                await self._cycle(writes)
+                while self._claims:  # a claim for another pool: alone, right after
+                    await self._cycle([])
 
-    async def _flush(self, batch: list[_Pending]) -> None:
-        try:
-            rows = await self._execute(batch)
-        except Exception as exc:
-            for item in batch:
-                item.failure = exc
-                item.done.set()
+    def _add(self, item: _Pending | Claim, writes: list[_Pending]) -> None:
+        if isinstance(item, Claim):
+            self._claims.append(item)
+        else:
+            writes.append(item)
+
+    async def _cycle(self, writes: list[_Pending]) -> None:
+        claim = self._claims.pop(0) if self._claims else None
+        if claim is not None and not claim.abandoned:
+            claim.want = claim.take()
+        if claim is not None and not claim.want:
+            claim.done.set()
+            claim = None
+        if not writes and claim is None:
             return
-        written = {row["id"]: row for row in rows}
-        for item in batch:
-            row = written.get(item.run_id)
-            item.written = row is not None
-            if row is not None and self._on_written is not None:
-                self._on_written(row["pool"], row["status"])
-            item.done.set()
+        try:
+            rows = await self._execute(writes, claim)
+        except Exception as exc:
+            if claim is not None and claim.failure is None:
+                claim.failure = exc
+            for item in writes:
+                item.done(False, exc)
+            return
+        finally:
+            if claim is not None:
+                claim.done.set()  # the producer runs once this task yields: rows started by then
+        written: dict[UUID, dict[str, Any]] = {}
+        for row in rows:
+            if row["claimed"]:
+                claim.got += 1  # type: ignore[union-attr]  # only a claim returns these
+                claim.start(row)  # type: ignore[union-attr]
+            else:
+                written[row["id"]] = row
+        self._report(writes, written)
 
-    async def _execute(self, batch: list[_Pending]) -> list[dict[str, Any]]:
-        params = {
-            "now": self._clock.db_now(),
-            "ids": [i.run_id for i in batch],
-            "fences": [i.fence for i in batch],
-            "statuses": [i.outcome.status.value for i in batch],
-            "outputs": [i.outcome.output for i in batch],
-            "errors": [i.outcome.error for i in batch],
-            "run_ats": [i.outcome.run_at for i in batch],
-            "refunds": [i.outcome.refund for i in batch],
-            "wait_kinds": [i.outcome.wait_kind for i in batch],
-            "wait_tokens": [i.outcome.wait_token for i in batch],
-            "waiting_ons": [i.outcome.waiting_on for i in batch],
-        }
+    def _report(self, writes: list[_Pending], written: dict[UUID, dict[str, Any]]) -> None:
+        for item in writes:
+            row = written.get(item.run_id)
+            if row is None:
+                self.lease_lost += 1
+            elif self._on_written is not None:
+                self._on_written(row["pool"], row["status"])
+            item.done(row is not None, None)
+
+    async def _execute(self, writes: list[_Pending], claim: Claim | None) -> list[dict[str, Any]]:
+        params = self._params(writes)
         delay = 0.05
         deadline = anyio.current_time() + self._retry_for_s
         while True:
             try:
                 async with self._pool.connection() as conn:
-                    cur = await conn.execute(self._q.job_run_finish_many, params)
-                    rows = await cur.fetchall()
+                    rows = await self._statement(conn, params, claim)
             except psycopg.OperationalError as exc:
                 # The database is restarting or the connection was killed. A retried batch that
                 # had in fact committed matches nothing the second time (reported as lease
-                # lost, harmlessly): the fence makes the write idempotent.
-                if anyio.current_time() + delay > deadline:
+                # lost, harmlessly): the fence makes the write idempotent. A lost claim is not
+                # retried: its runs, if it committed, come back when their lease expires.
+                if claim is not None:
+                    claim.failure, claim = exc, None
+                if not writes or anyio.current_time() + delay > deadline:
                     raise
                 log.warning("write-back failed (%s); retrying in %.2f s", type(exc).__name__, delay)
                 await anyio.sleep(delay)
@@ -137,3 +213,35 @@ class Completer:
             else:
                 self.batches += 1
                 return rows
+
+    async def _statement(self, conn: AsyncConn, params: dict[str, Any],
+                         claim: Claim | None) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        params["limit"] = 0
+        if claim is not None:
+            if claim.keyed:
+                keyed = await (await conn.execute(self._q.job_run_claim_keyed, {
+                    "now": params["now"], "pool": claim.pool, "limit": claim.want,
+                    "worker_id": self._worker_id, "lease_s": self._lease_s})).fetchall()
+                rows = [{**row, "claimed": True} for row in keyed]
+            params.update(pool=claim.pool, limit=claim.want - len(rows))
+        if params["limit"] or params["ids"]:
+            cur = await conn.execute(self._q.job_run_finish_and_claim, params)
+            rows += await cur.fetchall()
+        return rows
+
+    def _params(self, writes: list[_Pending]) -> dict[str, Any]:
+        return {
+            "now": self._clock.db_now(),
+            "ids": [i.run_id for i in writes],
+            "fences": [i.fence for i in writes],
+            "statuses": [i.outcome.status.value for i in writes],
+            "outputs": [i.outcome.output for i in writes],
+            "errors": [i.outcome.error for i in writes],
+            "run_ats": [i.outcome.run_at for i in writes],
+            "refunds": [i.outcome.refund for i in writes],
+            "wait_kinds": [i.outcome.wait_kind for i in writes],
+            "wait_tokens": [i.outcome.wait_token for i in writes],
+            "waiting_ons": [i.outcome.waiting_on for i in writes],
+            "pool": "", "limit": 0, "worker_id": self._worker_id, "lease_s": self._lease_s,
+        }

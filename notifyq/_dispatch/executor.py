@@ -54,6 +54,10 @@ class Execution:
     reason: StopReason | None = None
     db_offset: timedelta | None = None
     """The database clock minus this host's clock, measured at claim (None: unknown)."""
+    settled: bool = False
+    """Its write-back is done (or there was nothing to write): it has left the worker."""
+    freed: bool = False
+    """Its claim slot was given back when the handler returned, before the write settled."""
     claimed_at: datetime | None = None
     trace_context: dict[str, str] | None = None
     """The enqueue's W3C trace context (OpenTelemetry), continued by the handler's spans."""
@@ -119,29 +123,55 @@ class Executor:
         duration in seconds; ``notifyq serve`` feeds its metrics from it."""
 
     async def execute(self, execution: Execution,
-                      handler_done: Callable[[], None] = lambda: None) -> None:
-        """Run the handler, then write its outcome. ``handler_done`` is called in between, so
-        the worker can hand the slot to the next claim while the write-back is in flight."""
+                      finished: Callable[[Execution], None] = lambda e: None) -> None:
+        """Run the handler and hand its outcome to the completer, without waiting for the
+        write: the slot goes on with its next run meanwhile. ``finished`` is called once the
+        write-back is settled (committed, fenced out or failed), or at once when there is
+        nothing to write."""
         spec = self._registry.get(execution.run.job_type)
         with processing(execution.claimed) as span:
             started = time.monotonic()
             result = await self._invoke(spec, execution)
             elapsed = time.monotonic() - started
-            handler_done()
             if result is None:
                 log.debug("run %s: lease lost while running; result dropped", execution.id,
                           extra=execution.log_extra)
                 self._count("lease_lost", execution, elapsed)
+                finished(execution)
                 return
-            policy = spec.retry if spec else _DEFAULT_POLICY
-            outcome = self._decide(execution, result, policy)
+            outcome = self._decide(execution, result, spec.retry if spec else _DEFAULT_POLICY)
             if span is not None:
                 span.decided(outcome=outcome.status.value,
                              error=result.error if isinstance(result, Raised) else None,
                              timed_out=isinstance(result, TimedOut))
+        self._submit(execution, outcome, result, elapsed, finished)
+
+    def release(self, execution: Execution, finished: Callable[[Execution], None]) -> None:
+        """Give back a claimed run that never started (a claimed-ahead run at shutdown): back
+        to pending at once, the attempt not counted."""
+        self._submit(execution, self._decide(execution, Released(), _DEFAULT_POLICY),
+                     Released(), 0.0, finished)
+
+    def _submit(self, execution: Execution, outcome: Outcome, result: Result, elapsed: float,
+                finished: Callable[[Execution], None]) -> None:
+        def written(ok: bool, failure: BaseException | None) -> None:
+            try:
+                self._written(execution, outcome, result, elapsed, ok=ok, failure=failure)
+            finally:
+                finished(execution)
+
         try:
-            await self._completer.write(execution.id, execution.fence, outcome)
-        except LeaseLost:
+            self._completer.submit(execution.id, execution.fence, outcome, written)
+        except Exception as exc:
+            written(False, exc)
+
+    def _written(self, execution: Execution, outcome: Outcome, result: Result, elapsed: float,
+                 *, ok: bool, failure: BaseException | None) -> None:
+        if failure is not None:
+            log.error("run %s: write-back failed (%s); the lease will expire and the run be "
+                      "retried", execution.id, failure, extra=execution.log_extra)
+            return
+        if not ok:
             log.debug("run %s: lease taken over; write-back dropped", execution.id,
                       extra=execution.log_extra)
             self._count("lease_lost", execution, elapsed)

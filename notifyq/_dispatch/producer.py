@@ -1,7 +1,10 @@
 """Claiming: one producer per pool.
 
-A producer claims as many runs as there are free slots (one statement, ``FOR UPDATE SKIP
-LOCKED``) and keeps claiming while batches come back full. When the pool is empty it sleeps
+A producer claims as many runs as there are free slots (``FOR UPDATE SKIP LOCKED``, in the
+completer's next statement, together with the write-backs queued by then) and keeps claiming
+while batches come back full. Slots count claim-ahead too: a worker holds up to ``concurrency
++ prefetch`` claimed runs, so a handler slot that frees up starts its next run from the
+buffer without waiting for a round trip. When the pool is empty it sleeps
 until the first of: a NOTIFY for its pool, the jittered poll interval, or the earliest
 scheduled ``run_at`` — so a scheduled run starts on time, not at the next poll.
 """
@@ -21,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from notifyq._clock import Clock
 from notifyq._db.pool import AsyncConn
 from notifyq._db.queries import Queries
+from notifyq._dispatch.completer import Claim, Completer
 
 log = logging.getLogger("notifyq.producer")
 
@@ -57,7 +61,7 @@ class Slots:
 
 class Producer:
     def __init__(self, pool_name: str, *, db: AsyncConnectionPool[AsyncConn], queries: Queries,
-                 clock: Clock, slots: Slots, worker_id: str, lease_s: float,
+                 clock: Clock, slots: Slots, completer: Completer,
                  poll_interval_s: float, start: Callable[[dict[str, Any]], None],
                  burst: bool = False) -> None:
         self.pool_name = pool_name
@@ -65,8 +69,7 @@ class Producer:
         self._q = queries
         self._clock = clock
         self._slots = slots
-        self._worker_id = worker_id
-        self._lease_s = lease_s
+        self._completer = completer
         self._poll_interval_s = poll_interval_s
         self._start = start
         self._burst = burst
@@ -85,47 +88,37 @@ class Producer:
         while True:
             await self._slots.wait_free()
             self._wake = anyio.Event()  # before claiming: a NOTIFY from now on is not lost
-            want = self._slots.take(CLAIM_MAX)
+            request = Claim(self.pool_name, self.keyed, self._take, self._start)
             try:
-                rows = await self._claim(want)
+                await self._completer.claim(request)
             except psycopg.OperationalError as exc:
-                self._slots.give(want)
+                self._slots.give(request.want)
                 log.warning("claim failed (%s); retrying in %.2f s", type(exc).__name__, backoff)
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.05
-            self._slots.give(want - len(rows))
-            for row in rows:
-                self._start(row)
-            if rows:
+            if not request.want:
+                continue  # another pool's claim took the free slots first
+            self._slots.give(request.want - request.got)
+            self.claims += 1
+            self.claimed += request.got
+            if request.got:
                 # Let the handlers start before this producer's next statement (the delay
                 # query of _idle) is sent: claim -> handler start at idle, p50 0.39 -> 0.23 ms.
                 await anyio.lowlevel.checkpoint()
-            if len(rows) == want:
+            if request.got == request.want:
                 continue  # the batch was full: there may be more
             if self._burst:
-                if not rows and self._slots.busy == 0:
+                if not request.got and self._slots.busy == 0:
                     return
                 with anyio.move_on_after(0.05):
                     await self._wake.wait()
                 continue
             await self._idle()
 
-    async def _claim(self, limit: int) -> list[dict[str, Any]]:
-        params = {"now": self._clock.db_now(), "pool": self.pool_name, "limit": limit,
-                  "worker_id": self._worker_id, "lease_s": self._lease_s}
-        async with self._db.connection() as conn:
-            rows: list[dict[str, Any]] = []
-            if self.keyed:
-                rows = await (await conn.execute(self._q.job_run_claim_keyed, params)).fetchall()
-                params["limit"] = limit - len(rows)
-            if params["limit"]:
-                cur = await conn.execute(self._q.job_run_claim, params)
-                rows += await cur.fetchall()
-        self.claims += 1
-        self.claimed += len(rows)
-        return rows
+    def _take(self) -> int:
+        return self._slots.take(CLAIM_MAX)
 
     async def _idle(self) -> None:
         timeout = self._poll_interval_s * random.uniform(0.9, 1.1)  # noqa: S311

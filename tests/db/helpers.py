@@ -26,8 +26,8 @@ def enqueue(conn: Conn, q: Queries, job_type: str = "t.a", input: Any = None, *,
 
 def claim(conn: Conn, q: Queries, now: datetime, *, pool: str = "default", limit: int = 10,
           worker_id: str = "w1", lease_s: float = 30.0) -> list[dict[str, Any]]:
-    return conn.execute(q.job_run_claim, {
-        "now": now, "pool": pool, "limit": limit, "worker_id": worker_id,
+    return conn.execute(q.job_run_finish_and_claim, {
+        **NO_WRITES, "now": now, "pool": pool, "limit": limit, "worker_id": worker_id,
         "lease_s": lease_s}).fetchall()
 
 
@@ -35,15 +35,24 @@ def finish(conn: Conn, q: Queries, now: datetime, items: list[tuple[UUID, int, s
            output: str | None = None, error: str | None = None,
            run_at: datetime | None = None, refund: int = 0) -> list[dict[str, Any]]:
     n = len(items)
-    return conn.execute(q.job_run_finish_many, {
-        "now": now, "ids": [i[0] for i in items], "fences": [i[1] for i in items],
+    return conn.execute(q.job_run_finish_and_claim, {
+        **NO_CLAIM, "now": now, "ids": [i[0] for i in items], "fences": [i[1] for i in items],
         "statuses": [i[2] for i in items], "outputs": [output] * n, "errors": [error] * n,
         "run_ats": [run_at] * n, "refunds": [refund] * n, **no_waits(n)}).fetchall()
 
 
 def no_waits(n: int) -> dict[str, list[None]]:
-    """The durable-wait columns of job_run_finish_many for n outcomes that do not wait."""
+    """The durable-wait columns of job_run_finish_and_claim for n outcomes that do not wait."""
     return {"wait_kinds": [None] * n, "wait_tokens": [None] * n, "waiting_ons": [None] * n}
+
+
+NO_CLAIM: dict[str, Any] = {"pool": "default", "limit": 0, "worker_id": None, "lease_s": 0.0}
+"""job_run_finish_and_claim's claim parameters for a statement that only writes back."""
+
+NO_WRITES: dict[str, Any] = {
+    "ids": [], "fences": [], "statuses": [], "outputs": [], "errors": [], "run_ats": [],
+    "refunds": [], **no_waits(0)}
+"""job_run_finish_and_claim's write-back parameters for a statement that only claims."""
 
 
 DEFINITION = {"version": 1, "pool": "default", "priority": 0, "max_attempts": 25,

@@ -13,7 +13,17 @@ import pytest
 from notifyq._db.queries import Queries
 from notifyq._enqueue.ids import new_run_id
 from tests.db.conftest import T0
-from tests.db.helpers import Conn, claim, enqueue, finish, get, no_waits, seconds
+from tests.db.helpers import (
+    NO_CLAIM,
+    NO_WRITES,
+    Conn,
+    claim,
+    enqueue,
+    finish,
+    get,
+    no_waits,
+    seconds,
+)
 
 
 def claim_keyed(db: Conn, q: Queries, *, limit: int = 10, now: Any = None) -> list[dict[str, Any]]:
@@ -39,8 +49,9 @@ def spawn(db: Conn, q: Queries, parent: dict[str, Any], step_id: str = "child:1"
 
 def claimed(db: Conn, q: Queries, job_type: str = "t.a") -> dict[str, Any]:
     enqueue(db, q, job_type)
-    (run,) = db.execute(q.job_run_claim, {"now": None, "pool": "default", "limit": 1,
-                                          "worker_id": "w", "lease_s": 30.0}).fetchall()
+    (run,) = db.execute(q.job_run_finish_and_claim, {
+        **NO_WRITES, "now": None, "pool": "default", "limit": 1, "worker_id": "w",
+        "lease_s": 30.0}).fetchall()
     return run
 
 
@@ -54,8 +65,9 @@ def test_job_run_claim_keyed_claims_at_most_the_limit_per_key(db: Conn, q: Queri
     first = claim_keyed(db, q)
     assert sorted(r["concurrency_key"] for r in first) == ["a", "a", "b"]
     assert claim_keyed(db, q) == []  # both keys at their limit
-    assert db.execute(q.job_run_claim, {"now": None, "pool": "default", "limit": 10,
-                                        "worker_id": "w", "lease_s": 30.0}).fetchall() == []
+    assert db.execute(q.job_run_finish_and_claim, {
+        **NO_WRITES, "now": None, "pool": "default", "limit": 10, "worker_id": "w",
+        "lease_s": 30.0}).fetchall() == []
     done = next(r for r in first if r["concurrency_key"] == "a")
     finish(db, q, T0, [(done["id"], done["fence"], "completed")])
     (again,) = claim_keyed(db, q)
@@ -110,7 +122,7 @@ def test_a_finishing_child_wakes_its_waiting_parent_and_status_many_reads_them(
     parent = claimed(db, q, "t.parent")
     kid = spawn(db, q, parent)
     assert kid is not None
-    db.execute(q.job_run_finish_many, {
+    db.execute(q.job_run_finish_and_claim, {**NO_CLAIM,
         "now": None, "ids": [parent["id"]], "fences": [parent["fence"]], "statuses": ["waiting"],
         "outputs": [None], "errors": [None], "run_ats": [T0 + timedelta(days=365)],
         "refunds": [1], "wait_kinds": ["children"], "wait_tokens": [None],
@@ -132,7 +144,7 @@ def test_a_parent_deciding_to_wait_after_its_children_finished_does_not_wait(
     assert kid is not None
     db.execute("UPDATE notifyq.job_run SET status = 'completed', finished_at = now() "
                "WHERE id = %s", (kid["id"],))
-    db.execute(q.job_run_finish_many, {
+    db.execute(q.job_run_finish_and_claim, {**NO_CLAIM,
         "now": None, "ids": [parent["id"]], "fences": [parent["fence"]], "statuses": ["waiting"],
         "outputs": [None], "errors": [None], "run_ats": [T0 + timedelta(days=365 * 900)],
         "refunds": [1], "wait_kinds": ["children"], "wait_tokens": [None],
@@ -178,7 +190,7 @@ def wait_for_signal(db: Conn, q: Queries, run: dict[str, Any], token: str) -> No
     """What ctx.wait_for_signal leaves behind: its wait step (running), then the run waiting."""
     record(db, q, run, f"signal:{token}", kind="signal", status="running",
            output='{"deadline": null}')
-    db.execute(q.job_run_finish_many, {
+    db.execute(q.job_run_finish_and_claim, {**NO_CLAIM,
         "now": None, "ids": [run["id"]], "fences": [run["fence"]], "statuses": ["waiting"],
         "outputs": [None], "errors": [None], "run_ats": [T0 + timedelta(days=365)],
         "refunds": [1], "wait_kinds": ["signal"], "wait_tokens": [token], "waiting_ons": [None]})
@@ -254,7 +266,7 @@ def test_job_signal_purge_expired_deletes_only_signals_past_the_retention(
 def test_job_run_resume_due_resumes_elapsed_sleeps_and_missed_signals_only(
         db: Conn, q: Queries) -> None:
     sleeper, signaled, waiting = (claimed(db, q) for _ in range(3))
-    db.execute(q.job_run_finish_many, {
+    db.execute(q.job_run_finish_and_claim, {**NO_CLAIM,
         "now": None, "ids": [sleeper["id"], signaled["id"], waiting["id"]],
         "fences": [sleeper["fence"], signaled["fence"], waiting["fence"]],
         "statuses": ["waiting"] * 3, "outputs": [None] * 3, "errors": [None] * 3,
@@ -271,7 +283,7 @@ def test_job_run_resume_due_resumes_elapsed_sleeps_and_missed_signals_only(
 def test_finish_many_records_the_wait_on_the_run(db: Conn, q: Queries) -> None:
     run = claimed(db, q)
     other: UUID = new_run_id()
-    db.execute(q.job_run_finish_many, {
+    db.execute(q.job_run_finish_and_claim, {**NO_CLAIM,
         "now": None, "ids": [run["id"]], "fences": [run["fence"]], "statuses": ["waiting"],
         "outputs": [None], "errors": [None], "run_ats": [T0 + timedelta(days=1)],
         "refunds": [1], "wait_kinds": ["children"], "wait_tokens": [None],

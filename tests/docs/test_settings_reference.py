@@ -25,6 +25,7 @@ VALUES: dict[str, tuple[str, Any]] = {
     "database_url": ("postgresql://app@db.internal:5432/app",) * 2,
     "listen_database_url": ("postgresql://app@db.internal:5432/app",) * 2,
     "worker.heartbeat_interval_s": ("5", 5.0),
+    "worker.prefetch": ("4", 4),
     "api.admin_token": ("an-admin-token-0123456789",) * 2,
     "api.read_token": ("a-read-token-0123456789",) * 2,
     "embedded.data_dir": ("/srv/notifyq/pg",) * 2,

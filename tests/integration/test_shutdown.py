@@ -146,3 +146,35 @@ async def test_several_running_handlers_are_all_released_at_shutdown(
     rows = await fetch(app, "SELECT status, attempts, count(*) AS n FROM notifyq.job_run "
                             "GROUP BY status, attempts")
     assert rows == [{"status": "pending", "attempts": 0, "n": 5}]
+
+
+async def test_claimed_ahead_runs_are_leased_while_buffered_and_released_at_shutdown(
+        dsn: str) -> None:
+    app = App(settings=fast_settings(dsn, worker={"shutdown_grace_s": 0.3, "concurrency": 1,
+                                                  "prefetch": 2}))
+    started = anyio.Event()
+
+    @app.handler("t.block")
+    async def block(ctx: JobContext) -> None:
+        started.set()
+        await anyio.sleep(60)
+
+    async with app:
+        for _ in range(5):
+            await app.enqueue("t.block", {})
+        async with running(app, concurrency=1):
+            with anyio.fail_after(10):
+                await started.wait()
+
+            async def one_running_two_buffered() -> None:
+                rows = await fetch(app, "SELECT status, count(*) AS n, "
+                                        "count(lease_expires_at) AS leased "
+                                        "FROM notifyq.job_run GROUP BY status ORDER BY status")
+                assert rows == [{"status": "pending", "n": 2, "leased": 0},
+                                {"status": "running", "n": 3, "leased": 3}]
+
+            await eventually(one_running_two_buffered)
+        # Shut down: the buffered two never started, the running one was interrupted; all
+        # three are back to pending with the attempt given back.
+        rows = await fetch(app, "SELECT status, attempts, leased_by FROM notifyq.job_run")
+    assert rows == [{"status": "pending", "attempts": 0, "leased_by": None}] * 5

@@ -85,12 +85,13 @@ def test_mypy_rejects_an_unknown_query_name(tmp_path: Path) -> None:
     probe.write_text(textwrap.dedent("""\
         from notifyq._db.queries import queries_for
 
-        known: str = queries_for("notifyq").job_run_claim
-        unknown: str = queries_for("notifyq").job_run_claimm
+        known: str = queries_for("notifyq").job_run_finish_and_claim
+        unknown: str = queries_for("notifyq").job_run_finish_and_claimm
     """))
     out, _, status = mypy_api.run([
         "--strict", "--follow-imports=silent", "--no-incremental", "--python-version=3.11",
         str(probe)])
     assert status == 1, out
     assert out.splitlines()[0] == (
-        f'{probe}:4: error: "Queries" has no attribute "job_run_claimm"  [attr-defined]'), out
+        f'{probe}:4: error: "Queries" has no attribute '
+        '"job_run_finish_and_claimm"  [attr-defined]'), out

@@ -39,7 +39,7 @@ def test_the_query_registry_loads_every_named_query() -> None:
 
 
 def test_queries_quote_the_schema_identifier() -> None:
-    assert '"my_schema".job_run' in queries_for("my_schema").job_run_claim
+    assert '"my_schema".job_run' in queries_for("my_schema").job_run_finish_and_claim
 
 
 def test_an_unknown_query_name_is_an_attribute_error() -> None:
