@@ -155,6 +155,8 @@ CREATE TABLE notifyq.job_run (
     children_done uuid[] DEFAULT ARRAY[]::uuid[] NOT NULL,
     has_children boolean DEFAULT false NOT NULL,
     defaulted smallint,
+    awaited boolean DEFAULT false NOT NULL,
+    trace_context jsonb,
     CONSTRAINT job_run_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT job_run_concurrency_limit_check CHECK ((concurrency_limit >= 1)),
     CONSTRAINT job_run_input_check CHECK ((jsonb_typeof(input) = ANY (ARRAY['object'::text, 'array'::text]))),
@@ -183,12 +185,19 @@ DECLARE
     free      integer;
     claimed   integer;
     remaining integer := p_limit;
+    types_paused boolean;
 BEGIN
+    IF EXISTS (SELECT FROM pause WHERE kind = 'pool' AND name = p_pool) THEN
+        RETURN;
+    END IF;
+    types_paused := EXISTS (SELECT FROM pause WHERE kind = 'type');
     FOR k IN
         SELECT concurrency_key AS key, max(concurrency_limit) AS lim
-        FROM job_run
+        FROM job_run j
         WHERE status = 'pending' AND pool = p_pool AND run_at <= now_
           AND concurrency_key IS NOT NULL
+          AND (NOT types_paused
+               OR NOT EXISTS (SELECT FROM pause p WHERE p.kind = 'type' AND p.name = j.job_type))
         GROUP BY concurrency_key
         ORDER BY min(priority), min(run_at)
         LIMIT 1000
@@ -202,9 +211,12 @@ BEGIN
         CONTINUE WHEN free <= 0;
         RETURN QUERY
             WITH picked AS (
-                SELECT id FROM job_run
+                SELECT id FROM job_run j
                 WHERE status = 'pending' AND pool = p_pool AND concurrency_key = k.key
                   AND run_at <= now_
+                  AND (NOT types_paused
+                       OR NOT EXISTS (SELECT FROM pause p
+                                      WHERE p.kind = 'type' AND p.name = j.job_type))
                 ORDER BY priority, run_at, id
                 LIMIT free
                 FOR UPDATE SKIP LOCKED
@@ -390,6 +402,20 @@ BEGIN
         result := replace(result, '{' || field || '}', coalesce(input ->> field, ''));
     END LOOP;
     RETURN result;
+END
+$$;
+
+--
+-- Name: _notify_awaited(); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._notify_awaited() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+BEGIN
+    PERFORM pg_notify(current_schema(), 'd:' || NEW.id);
+    RETURN NULL;
 END
 $$;
 
@@ -709,6 +735,43 @@ CREATE TABLE notifyq.leader (
 );
 
 --
+-- Name: pause; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.pause (
+    kind text NOT NULL,
+    name text NOT NULL,
+    reason text,
+    paused_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT pause_kind_check CHECK ((kind = ANY (ARRAY['pool'::text, 'type'::text]))),
+    CONSTRAINT pause_name_check CHECK (((length(name) >= 1) AND (length(name) <= 128))),
+    CONSTRAINT pause_reason_check CHECK ((length(reason) <= 500))
+);
+
+--
+-- Name: periodic_schedule; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.periodic_schedule (
+    name text NOT NULL,
+    job_type text NOT NULL,
+    every_ms bigint,
+    cron text,
+    tz text,
+    catch_up boolean DEFAULT false NOT NULL,
+    paused_at timestamp with time zone,
+    resumed_at timestamp with time zone,
+    last_tick_at timestamp with time zone,
+    last_run_id uuid,
+    registered_at timestamp with time zone DEFAULT now() NOT NULL,
+    seen_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT periodic_schedule_cron_has_tz CHECK (((cron IS NULL) = (tz IS NULL))),
+    CONSTRAINT periodic_schedule_every_ms_check CHECK ((every_ms >= 100)),
+    CONSTRAINT periodic_schedule_name_check CHECK (((length(name) >= 1) AND (length(name) <= 512))),
+    CONSTRAINT periodic_schedule_one_cadence CHECK (((every_ms IS NULL) <> (cron IS NULL)))
+);
+
+--
 -- Name: periodic_tick; Type: TABLE; Schema: notifyq; Owner: -
 --
 
@@ -831,6 +894,25 @@ CREATE TABLE notifyq.webhook_secret (
 );
 
 --
+-- Name: worker; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.worker (
+    id text NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    version text NOT NULL,
+    pools text[] NOT NULL,
+    concurrency integer NOT NULL,
+    running integer DEFAULT 0 NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    heartbeat_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT worker_concurrency_check CHECK ((concurrency > 0)),
+    CONSTRAINT worker_id_check CHECK (((length(id) >= 1) AND (length(id) <= 200)))
+);
+
+--
 -- Name: encrypted_column encrypted_column_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
 --
 
@@ -915,6 +997,20 @@ ALTER TABLE ONLY notifyq.leader
     ADD CONSTRAINT leader_pkey PRIMARY KEY (name);
 
 --
+-- Name: pause pause_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.pause
+    ADD CONSTRAINT pause_pkey PRIMARY KEY (kind, name);
+
+--
+-- Name: periodic_schedule periodic_schedule_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.periodic_schedule
+    ADD CONSTRAINT periodic_schedule_pkey PRIMARY KEY (name);
+
+--
 -- Name: periodic_tick periodic_tick_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
 --
 
@@ -969,6 +1065,13 @@ ALTER TABLE ONLY notifyq.webhook_message
 
 ALTER TABLE ONLY notifyq.webhook_secret
     ADD CONSTRAINT webhook_secret_pkey PRIMARY KEY (id);
+
+--
+-- Name: worker worker_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.worker
+    ADD CONSTRAINT worker_pkey PRIMARY KEY (id);
 
 --
 -- Name: job_run_claim_idx; Type: INDEX; Schema: notifyq; Owner: -
@@ -1095,6 +1198,12 @@ CREATE INDEX webhook_delivery_endpoint_message_idx ON notifyq.webhook_delivery U
 --
 
 CREATE INDEX webhook_secret_endpoint_idx ON notifyq.webhook_secret USING btree (endpoint_id, created_at);
+
+--
+-- Name: job_run job_run_awaited; Type: TRIGGER; Schema: notifyq; Owner: -
+--
+
+CREATE TRIGGER job_run_awaited AFTER UPDATE OF status ON notifyq.job_run FOR EACH ROW WHEN ((new.awaited AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])))) EXECUTE FUNCTION notifyq._notify_awaited();
 
 --
 -- Name: job_run job_run_finished; Type: TRIGGER; Schema: notifyq; Owner: -

@@ -14,7 +14,6 @@ Everything a user needs is imported from here; the modules behind it (``notifyq.
 private and may change in any release.
 """
 
-from importlib.metadata import PackageNotFoundError, version
 
 from notifyq._app import App
 from notifyq._clock import Clock, ManualClock, SystemClock
@@ -35,14 +34,18 @@ from notifyq._errors import (
     NotifyqError,
     PayloadTooLarge,
     Permanent,
+    ResultTimeout,
     RetiredKeyVersion,
     RotationInProgress,
+    RunFailed,
     RunNotFound,
+    ScheduleNotFound,
     SchemaError,
     Snooze,
     StepError,
     UnknownJobType,
     UnknownKeyVersion,
+    UnknownStep,
     WaitTimeout,
     WebhookNotFound,
 )
@@ -50,13 +53,11 @@ from notifyq._keys.columns import EncryptedColumn
 from notifyq._policies import ConcurrencyPolicy, DedupePolicy, RetryPolicy, Scope
 from notifyq._run import Run, RunInfo, RunStatus
 from notifyq._settings import Settings
+from notifyq._version import VERSION as _VERSION
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.service import SentMessage
 
-try:
-    __version__ = version("notifyq")
-except PackageNotFoundError:  # pragma: no cover - imported from a checkout, never installed
-    __version__ = "0+unknown"
+__version__ = _VERSION
 
 __all__ = [
     "App",
@@ -81,13 +82,16 @@ __all__ = [
     "NotifyqError",
     "PayloadTooLarge",
     "Permanent",
+    "ResultTimeout",
     "RetiredKeyVersion",
     "RetryPolicy",
     "RotationInProgress",
     "Run",
+    "RunFailed",
     "RunInfo",
     "RunNotFound",
     "RunStatus",
+    "ScheduleNotFound",
     "SchemaError",
     "Scope",
     "SentMessage",
@@ -98,6 +102,7 @@ __all__ = [
     "SystemClock",
     "UnknownJobType",
     "UnknownKeyVersion",
+    "UnknownStep",
     "WaitTimeout",
     "WebhookNotFound",
     "__version__",

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from uuid import UUID
 
 import anyio
@@ -25,6 +26,8 @@ from anyio.abc import TaskStatus
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from notifyq._awaiter import Awaiter
+from notifyq._cadence import Cadence, Cron, Every
 from notifyq._clock import Clock, SystemClock
 from notifyq._control import RunControl, Stats, StepRow
 from notifyq._db import migrate as migrations
@@ -37,9 +40,11 @@ from notifyq._errors import ConfigError
 from notifyq._keys.admin import REENCRYPT, KeyAdmin
 from notifyq._keys.reencrypt import Reencryptor
 from notifyq._limits import MAX_SIGNAL_TOKEN_LEN
+from notifyq._maintenance.scheduler import schedule_list, schedule_pause, schedule_resume
+from notifyq._pause import Pause, PauseControl
 from notifyq._policies import ConcurrencyPolicy, DedupePolicy, ReplayFrom, RetryPolicy, Scope
 from notifyq._registry import PeriodicSpec, Registry
-from notifyq._run import Run
+from notifyq._run import Run, awaitable
 from notifyq._runtime import Runtime
 from notifyq._settings import Settings, load_settings
 from notifyq._webhooks.deliver import Deliverer
@@ -85,6 +90,8 @@ class App:
         self._registry = Registry(settings.env)
         self._enqueuer = Enqueuer(self._runtime, self._registry)
         self._control = RunControl(self._runtime.queries, self.clock)
+        self._awaiter = Awaiter(self._runtime)
+        self._pauses = PauseControl(self._runtime.queries, self.clock)
         self._columns = self._runtime.columns
         self.keys = KeyAdmin(self._runtime, self._enqueuer, self._control)
         """Key administration: ``sync``, ``status``, ``rotate``, ``retire``."""
@@ -175,30 +182,35 @@ class App:
             return target
         return register
 
-    def periodic(self, job_type: str | None = None, *, every: timedelta,
-                 input: Mapping[str, Any] | list[Any] | None = None,
+    def periodic(self, job_type: str | None = None, *, every: timedelta | None = None,
+                 cron: str | None = None, tz: str | None = None, name: str | None = None,
+                 catch_up: bool = False, input: Mapping[str, Any] | list[Any] | None = None,
                  **handler_options: Any) -> Callable[[T], T]:
-        """Enqueue one run per tick of ``every``, cluster-wide, however many workers run.
+        """Enqueue one run per tick, cluster-wide, however many workers run: every ``every``
+        (aligned to the Unix epoch), or at the times the 5-field ``cron`` expression matches in
+        the IANA time zone ``tz`` (defaults to UTC; each matching wall-clock time runs once
+        across daylight-saving changes). ``catch_up=True`` also enqueues the ticks missed while
+        no worker ran (oldest first); by default they are skipped. ``name`` (defaults to
+        ``type@cron(expression, tz)`` or ``type@<ms>ms``) is what pause and resume take.
 
         Stack it on ``@app.handler(...)``, or give ``job_type`` to register the handler too::
 
-            @app.periodic(every=timedelta(minutes=5))
+            @app.periodic(cron="0 9 * * MON-FRI", tz="Europe/Berlin", name="report.daily")
             @app.handler("report.build")
             async def build_report(ctx): ...
         """
-        if every < timedelta(milliseconds=100):
-            raise ConfigError(f"periodic every must be at least 100 ms, got {every}")
+        spec = _periodic_spec(every=every, cron=cron, tz=tz, name=name, catch_up=catch_up,
+                              input=input)
 
         def register(target: T) -> T:
-            name = job_type
-            if name is None:
-                name = self._registry.type_of(target)
-                if name is None:
+            kind = job_type
+            if kind is None:
+                kind = self._registry.type_of(target)
+                if kind is None:
                     raise ConfigError("@app.periodic needs job_type=... or an @app.handler below")
             else:
-                self.handler(name, **handler_options)(target)
-            self._registry.periodic.append(PeriodicSpec(name, every, dict(input or {})
-                                                       if not isinstance(input, list) else input))
+                self.handler(kind, **handler_options)(target)
+            self._registry.add_periodic(replace(spec, job_type=kind))
             return target
         return register
 
@@ -248,15 +260,16 @@ class App:
             job_type, input, run_at=run_at, priority=priority, pool=pool,
             max_attempts=max_attempts, dedupe_key=dedupe_key, tags=tags, tenant_id=tenant_id),
             conn=conn, allow_unknown_type=allow_unknown_type)
-        return run
+        return awaitable(run, self._awaiter)
 
     async def enqueue_request(self, request: EnqueueRequest, *,
                               conn: psycopg.AsyncConnection[Any] | None = None,
                               allow_unknown_type: bool | None = None) -> tuple[Run, bool]:
         """:meth:`enqueue` from an :class:`EnqueueRequest`; also says whether the run was
         created (False: a dedupe key matched an existing run, which is returned)."""
-        return await self._enqueuer.enqueue(request, conn=conn,
-                                            allow_unknown_type=allow_unknown_type)
+        run, created = await self._enqueuer.enqueue(request, conn=conn,
+                                                    allow_unknown_type=allow_unknown_type)
+        return awaitable(run, self._awaiter), created
 
     async def enqueue_many(self, items: Iterable[EnqueueRequest | Mapping[str, Any]], *,
                            conn: psycopg.AsyncConnection[Any] | None = None,
@@ -265,8 +278,11 @@ class App:
         Returns the runs in the order given, which is also the order they run in at equal
         priority and run_at. A type no worker has registered refuses the whole batch
         (:class:`~notifyq.UnknownJobType`), as :meth:`enqueue` says."""
-        return await self._enqueuer.enqueue_many(items, conn=conn,
+        runs = await self._enqueuer.enqueue_many(items, conn=conn,
                                                  allow_unknown_type=allow_unknown_type)
+        for run in runs:
+            awaitable(run, self._awaiter)
+        return runs
 
     def enqueue_sync(self, job_type: str, input: Any = None, *,
                      run_at: datetime | None = None, priority: int | None = None,
@@ -275,17 +291,31 @@ class App:
                      tenant_id: str | None = None, allow_unknown_type: bool | None = None,
                      conn: psycopg.Connection[Any] | None = None) -> Run:
         """:meth:`enqueue` for synchronous code (Django, Flask, scripts)."""
-        return self._enqueuer.enqueue_sync(_request(
+        return awaitable(self._enqueuer.enqueue_sync(_request(
             job_type, input, run_at=run_at, priority=priority, pool=pool,
             max_attempts=max_attempts, dedupe_key=dedupe_key, tags=tags, tenant_id=tenant_id),
-            conn=conn, allow_unknown_type=allow_unknown_type)
+            conn=conn, allow_unknown_type=allow_unknown_type), self._awaiter)
 
     # -- run control --------------------------------------------------------------------------
 
     async def get_run(self, run_id: UUID | str) -> Run:
         """The run as stored; :class:`~notifyq._errors.RunNotFound` for an unknown id."""
         async with self._runtime.connection() as conn:
-            return await self._control.get(conn, _uuid(run_id))
+            return awaitable(await self._control.get(conn, _uuid(run_id)), self._awaiter)
+
+    async def wait(self, run_id: UUID | str, *, timeout: float | None = None) -> Any:  # noqa: ASYNC109
+        """Wait until the run is finished and return its output; what ``run.result()`` does.
+
+        Raises :class:`~notifyq.RunFailed` (``status`` and the stored ``error``) when the run
+        ended failed, timed_out or canceled, :class:`~notifyq.ResultTimeout` (a
+        ``TimeoutError``) after ``timeout`` seconds (None: no limit), and
+        :class:`~notifyq.RunNotFound` for an unknown id. Woken by the run's completion NOTIFY
+        (re-read every few seconds in case one is missed), not by polling::
+
+            run = await app.enqueue("report.build", {"day": "2026-12-01"})
+            report = await app.wait(run.id, timeout=60)
+        """
+        return await self._awaiter.wait(_uuid(run_id), timeout)
 
     async def list_runs(self, **filters: Any) -> list[Run]:
         async with self._runtime.connection() as conn:
@@ -323,11 +353,73 @@ class App:
     async def retry(self, run_id: UUID | str) -> Run:
         """Put a failed, canceled or timed-out run back in line now, with one more attempt."""
         async with self._runtime.connection() as conn:
-            return await self._control.retry(conn, _uuid(run_id))
+            return awaitable(await self._control.retry(conn, _uuid(run_id)), self._awaiter)
+
+    async def replay(self, run_id: UUID | str, *, from_step: str) -> Run:
+        """Run a finished (completed, failed, timed-out or canceled) durable run again from the
+        step ``from_step``: the steps it recorded before that one are reused, not run again
+        (whatever the handler's ``replay_from``); ``from_step`` and the later steps run again.
+        Returns the run, pending again (``await run.result()`` waits for the replay).
+
+        Raises :class:`~notifyq.RunNotFound`, :class:`~notifyq.InvalidTransition` (the run is
+        still live, or recorded no steps) and :class:`~notifyq.UnknownStep` (its message lists
+        the run's steps)::
+
+            run = await app.replay(run_id, from_step="charge")
+        """
+        async with self._runtime.connection() as conn:
+            done = await self._control.replay(conn, _uuid(run_id), from_step)
+        return awaitable(done.run, self._awaiter)
 
     async def stats(self) -> Stats:
         async with self._runtime.connection() as conn:
             return await self._control.stats(conn)
+
+    async def schedules(self) -> list[dict[str, Any]]:
+        """Every periodic schedule (any worker's, and this app's own) with its cadence, paused
+        state, last tick (with that run's id and status) and next tick."""
+        async with self._runtime.connection() as conn:
+            return await schedule_list(conn, self._runtime.queries, self._registry.periodic,
+                                       self.clock.now())
+
+    async def pause_schedule(self, name: str) -> dict[str, Any]:
+        """Stop a schedule ticking on every node (stored in the database) until resumed;
+        :class:`~notifyq._errors.ScheduleNotFound` for an unknown name."""
+        async with self._runtime.connection() as conn:
+            return await schedule_pause(conn, self._runtime.queries, name, self.clock.db_now())
+
+    async def resume_schedule(self, name: str) -> dict[str, Any]:
+        """Let a paused schedule tick again from its next tick; the ticks that fell due while it
+        was paused are skipped, even with ``catch_up``."""
+        async with self._runtime.connection() as conn:
+            return await schedule_resume(conn, self._runtime.queries, name, self.clock.db_now())
+    # -- pause and resume ---------------------------------------------------------------------
+
+    async def pause(self, *, pool: str | None = None, job_type: str | None = None,
+                    reason: str | None = None) -> Pause:
+        """Stop every worker claiming the runs of a pool or of a job type (one of the two),
+        from its next claim on; pending runs stay pending, running ones finish. Pausing again
+        keeps the first ``paused_at``. ::
+
+            await app.pause(pool="reports", reason="nightly load test")
+            await app.resume(pool="reports")
+        """
+        kind, name = _pause_target(pool, job_type)
+        async with self._runtime.connection() as conn:
+            paused, _ = await self._pauses.pause(conn, kind, name, reason=reason)
+        return paused
+
+    async def resume(self, *, pool: str | None = None, job_type: str | None = None) -> bool:
+        """Let workers claim a paused pool's or type's runs again (woken at once); False when
+        it was not paused."""
+        kind, name = _pause_target(pool, job_type)
+        async with self._runtime.connection() as conn:
+            return await self._pauses.resume(conn, kind, name) is not None
+
+    async def paused(self) -> list[Pause]:
+        """The paused pools and job types."""
+        async with self._runtime.connection() as conn:
+            return await self._pauses.list(conn)
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -372,6 +464,8 @@ class App:
                 await conn.execute(self._runtime.queries.job_run_apply_definitions, {
                     "now": self.clock.db_now(), "channel": self._runtime.queries.schema})
         worker = self.worker(concurrency=concurrency, pools=pools, burst=burst)
+        if worker.notifier is not None:  # waits in this process ride the worker's listener
+            self._awaiter.share(worker.notifier)
         log.info("worker %s: pools %s, concurrency %d, handlers %s", worker.id,
                  ",".join(worker.producers), worker.slots.size,
                  ",".join(s.job_type for s in self._registry.specs()) or "-")
@@ -383,6 +477,12 @@ def _request(job_type: str, input: Any, **fields: Any) -> EnqueueRequest:
     return EnqueueRequest(job_type=job_type, input={} if input is None else input, **fields)
 
 
+def _pause_target(pool: str | None, job_type: str | None) -> tuple[Literal["pool", "type"], str]:
+    if (pool is None) == (job_type is None):
+        raise ValueError("give either pool or job_type")
+    return ("pool", pool) if pool is not None else ("type", job_type or "")
+
+
 def _uuid(value: UUID | str) -> UUID:
     if isinstance(value, UUID):
         return value
@@ -390,3 +490,28 @@ def _uuid(value: UUID | str) -> UUID:
         return UUID(value)
     except ValueError:
         raise ValueError(f"not a run id (UUID): {value!r}") from None
+
+
+def _periodic_spec(*, every: timedelta | None, cron: str | None, tz: str | None, name: str | None,
+                   catch_up: bool, input: Mapping[str, Any] | list[Any] | None) -> PeriodicSpec:
+    """The schedule ``@app.periodic`` declares, checked now: a bad expression, time zone or
+    name fails at import time, not at the first tick."""
+    cadence: Cadence
+    if (every is None) == (cron is None):
+        raise ConfigError("@app.periodic needs exactly one of every= and cron=")
+    if every is not None:
+        if tz is not None:
+            raise ConfigError("tz= applies to cron= schedules only; every= ticks are instants")
+        if every < timedelta(milliseconds=100):
+            raise ConfigError(f"periodic every must be at least 100 ms, got {every}")
+        cadence = Every(every)
+    else:
+        assert cron is not None  # noqa: S101 - exactly one of the two, checked above
+        cadence = Cron(cron, "UTC" if tz is None else tz)
+    if name is not None and not (0 < len(name) <= 512 and name.isprintable()):
+        raise ConfigError(f"invalid schedule name {name!r}: 1 to 512 printable characters")
+    if not isinstance(catch_up, bool):
+        raise ConfigError(f"catch_up must be True or False, got {catch_up!r}")
+    body = input if isinstance(input, list) else dict(input or {})
+    encode_input(body)  # JSON and size, as at every tick
+    return PeriodicSpec("", cadence, body, catch_up, name)

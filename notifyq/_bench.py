@@ -42,7 +42,6 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass, replace
 from functools import partial
-from importlib import metadata
 from typing import Any, LiteralString
 from uuid import UUID
 
@@ -56,6 +55,7 @@ from notifyq._enqueue.request import EnqueueRequest
 from notifyq._errors import BenchError
 from notifyq._policies import ConcurrencyPolicy
 from notifyq._settings import load_settings
+from notifyq._version import VERSION
 
 SECTIONS = ("enqueue", "bulk", "drain", "latency", "sql", "durable")
 DEFAULT_DATABASE = "notifyq_bench"
@@ -212,11 +212,7 @@ class Bench:
     async def meta(self, database: str) -> dict[str, Any]:
         async with (await self.app.pool()).connection() as conn:
             row = await (await conn.execute("SHOW server_version")).fetchone()
-        try:
-            version = metadata.version("notifyq")
-        except metadata.PackageNotFoundError:
-            version = "unknown"
-        return {"notifyq": version, "postgresql": row["server_version"] if row else "?",
+        return {"notifyq": VERSION, "postgresql": row["server_version"] if row else "?",
                 "python": platform.python_version(), "cpus": os.cpu_count(),
                 "platform": platform.platform(terse=True), "database": database}
 

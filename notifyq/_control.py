@@ -1,9 +1,12 @@
-"""Operations on existing runs: get, list, cancel, retry (one or many), stats, the per-pool
+"""Operations on existing runs: get, list, cancel, retry (one or many), replay from a step,
+delete and reschedule (many, by id or by filter, in batches), stats, the per-pool
 overview and per-minute series, leaders and workers (CLI, API and dashboard share these)."""
 
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Literal, LiteralString, NoReturn, TypedDict
@@ -16,9 +19,10 @@ from notifyq._clock import Clock
 from notifyq._db.pool import AsyncConn
 from notifyq._db.queries import Queries
 from notifyq._db.rows import run_row, typed_dict_row
-from notifyq._errors import InvalidTransition, RunNotFound
-from notifyq._limits import MAX_PAGE
+from notifyq._errors import InvalidTransition, RunNotFound, UnknownStep
+from notifyq._limits import MAX_PAGE, RUN_AT_RANGE
 from notifyq._notifier import cancel_payload, wake_payload
+from notifyq._pause import Pause, PauseControl
 from notifyq._run import Run, RunStatus
 
 
@@ -69,11 +73,14 @@ class PoolBacklog:
 class Stats:
     counts: list[StatusCount]
     runnable: list[PoolBacklog]
-    """Only pools with runs runnable now."""
+    """Only pools with runs runnable now (paused ones included: their runs wait)."""
+    paused: list[Pause] = field(default_factory=list)
+    """The paused pools and job types."""
 
     def to_json(self) -> dict[str, Any]:
         return {"counts": [asdict(c) for c in self.counts],
-                "runnable": [asdict(r) for r in self.runnable]}
+                "runnable": [asdict(r) for r in self.runnable],
+                "paused": [p.to_json() for p in self.paused]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,18 +106,42 @@ class RunDetail:
                               "status": c.status.value} for c in self.children]}
 
 
-_step_row = typed_dict_row(StepRow)
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """A replay from a step (``notifyq runs replay``, ``POST /v1/jobs/{id}/replay``): the run,
+    pending again; ``kept`` steps recorded before ``from_step`` that the replay reuses, and
+    ``dropped`` ones (``from_step`` and after) that run again."""
 
-BulkAction = Literal["cancel", "retry"]
+    run: Run
+    from_step: str
+    kept: int
+    dropped: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.run.to_json(), "replay": {
+            "from_step": self.from_step, "steps_kept": self.kept, "steps_dropped": self.dropped}}
+
+
+_step_row = typed_dict_row(StepRow)
+_STEPS_NAMED = 20  # most step ids an unknown-step error lists
+
+BulkAction = Literal["cancel", "retry", "delete", "reschedule"]
+BULK_ACTIONS: tuple[BulkAction, ...] = ("cancel", "retry", "delete", "reschedule")
 BULK_STATUSES: dict[str, tuple[str, ...]] = {
     "cancel": ("pending", "waiting", "running"),
     "retry": ("failed", "canceled", "timed_out"),
+    "delete": ("completed", "failed", "canceled", "timed_out"),
+    "reschedule": ("pending",),
 }
-"""The statuses each bulk action applies to (as the single-run cancel and retry)."""
+"""The statuses each bulk action applies to (cancel and retry as the single-run actions;
+delete only finished runs: cancel live ones first; reschedule only pending runs)."""
 BULK_BATCH = 500
+"""Runs a bulk action changes in one transaction (the default batch size), about 0.1 s on a
+busy table: row locks are held that long at most, and a failure loses one batch's work."""
+BULK_BATCH_MAX = 5000
 BULK_MAX = 10_000
-"""Most runs one bulk request changes: 500 a transaction, about 0.1 s each on a busy table;
-what is left is counted in the answer, and the same request again goes on."""
+"""Most runs one bulk request of the API or the dashboard changes; what is left is counted in
+the answer, and the same request again goes on. The CLI goes on by itself."""
 COUNT_CAP = BULK_MAX
 """A count stops here: one confirmation changes at most this many anyway, and counting the
 rest of a broad filter would read the whole table."""
@@ -175,30 +206,59 @@ def _id_at(moment: datetime) -> UUID:
 @dataclass(frozen=True, slots=True)
 class BulkResult:
     """A bulk action's answer: ``changed`` runs (``requested`` running ones asked to stop, for
-    a cancel); ``remaining``: matching runs left when the request stopped at ``BULK_MAX``."""
+    a cancel); ``remaining``: matching runs left when the request stopped at its limit;
+    ``batches``: the transactions it took."""
 
     action: str
     changed: int
     requested: int = 0
     remaining: int = 0
     ids: list[UUID] = field(default_factory=list)
+    batches: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"action": self.action, "changed": self.changed, "requested": self.requested,
-                "remaining": self.remaining}
+                "remaining": self.remaining, "batches": self.batches}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BulkOptions:
+    """How a bulk action runs: ``run_at`` (reschedule only, required there), ``batch_size``
+    runs a transaction (1 to ``BULK_BATCH_MAX``), at most ``limit`` runs in one call (None: all
+    that match), ``progress`` called after each batch with the runs changed so far."""
+
+    run_at: datetime | None = None
+    batch_size: int = BULK_BATCH
+    limit: int | None = BULK_MAX
+    progress: Callable[[int], None] | None = None
+
+    def check(self, action: BulkAction) -> None:
+        if action not in BULK_ACTIONS:
+            raise ValueError(f"bulk action must be one of {', '.join(BULK_ACTIONS)}, "
+                             f"got {action!r}")
+        if not 1 <= self.batch_size <= BULK_BATCH_MAX:
+            raise ValueError(f"batch size must be between 1 and {BULK_BATCH_MAX}, "
+                             f"got {self.batch_size}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be positive, got {self.limit}")
+        if (action == "reschedule") != (self.run_at is not None):
+            raise ValueError("reschedule needs run_at (and only reschedule takes one)")
+        if self.run_at is not None and (self.run_at.tzinfo is None or not (
+                RUN_AT_RANGE[0] <= self.run_at < RUN_AT_RANGE[1])):
+            raise ValueError(f"run_at {self.run_at.isoformat()} must have a UTC offset and be "
+                             f"in [{RUN_AT_RANGE[0]:%Y-%m-%d}, {RUN_AT_RANGE[1]:%Y-%m-%d})")
 
 
 @dataclass(frozen=True, slots=True)
 class Workers:
-    """The workers alive. ``registry`` is False while the database has no worker registry
-    (it comes with the run-storage redesign): then ``items`` is empty and says nothing."""
+    """The workers alive (from the registry each worker renews with its heartbeat) and the
+    leaders."""
 
-    registry: bool
     items: list[dict[str, Any]]
     leaders: list[dict[str, Any]]
 
     def to_json(self) -> dict[str, Any]:
-        return {"registry": self.registry, "items": [_jsonable(w) for w in self.items],
+        return {"items": [_jsonable(w) for w in self.items],
                 "leaders": [_jsonable(r) for r in self.leaders]}
 
 
@@ -233,46 +293,56 @@ class RunControl:
 
     async def bulk(self, conn: AsyncConn, action: BulkAction, *,
                    ids: list[UUID] | None = None, where: RunFilter | None = None,
-                   limit: int = BULK_MAX) -> BulkResult:
-        """Cancel or retry the runs ``ids``, or those matching ``where``, as the single-run
-        actions do (runs the action does not apply to are left as they are), ``BULK_BATCH``
-        a transaction, at most ``limit`` in one call."""
+                   limit: int = BULK_MAX, options: BulkOptions | None = None) -> BulkResult:
+        """Cancel, retry, delete or reschedule the runs ``ids``, or those matching ``where``,
+        as the single-run actions do (runs the action does not apply to are left as they are),
+        each batch in its own transaction. ``limit`` is the default options' limit."""
+        opts = options or BulkOptions(limit=limit)
+        opts.check(action)
         if (ids is None) == (where is None):
             raise ValueError("bulk: give either ids or a filter")
-        if ids is not None:
-            return await self._bulk_ids(conn, action, ids[:limit])
-        assert where is not None  # noqa: S101 - checked above
+        cap = opts.limit if opts.limit is not None else sys.maxsize
         done: list[dict[str, Any]] = []
+        batches = 0
+        if ids is not None:
+            for start in range(0, min(len(ids), cap), opts.batch_size):
+                page = ids[start:min(start + opts.batch_size, cap)]
+                done += await self._change(conn, action, page, opts.run_at)
+                batches += 1
+                _report(opts, done)
+            return _bulk_result(action, done, 0, batches)
+        assert where is not None  # noqa: S101 - checked above
         before = None
-        while len(done) < limit:
+        while len(done) < cap:
             cur = await conn.execute(self._q.job_run_list_ids, {
                 **where.params(before), "statuses": list(BULK_STATUSES[action]),
-                "limit": min(BULK_BATCH, limit - len(done))})
+                "limit": min(opts.batch_size, cap - len(done))})
             page = [r["id"] for r in await cur.fetchall()]
             if not page:
                 break
-            done += await self._change(conn, action, page)
+            done += await self._change(conn, action, page, opts.run_at)
+            batches += 1
+            _report(opts, done)
             before = page[-1]
-        remaining = await self.count(conn, where, action) if len(done) >= limit else 0
-        return _bulk_result(action, done, remaining)
+        remaining = await self.count(conn, where, action) if len(done) >= cap else 0
+        return _bulk_result(action, done, remaining, batches)
 
-    async def _bulk_ids(self, conn: AsyncConn, action: BulkAction,
-                        ids: list[UUID]) -> BulkResult:
-        done: list[dict[str, Any]] = []
-        for start in range(0, len(ids), BULK_BATCH):
-            done += await self._change(conn, action, ids[start:start + BULK_BATCH])
-        return _bulk_result(action, done, 0)
-
-    async def _change(self, conn: AsyncConn, action: BulkAction,
-                      ids: list[UUID]) -> list[dict[str, Any]]:
-        query = self._q.job_run_cancel_many if action == "cancel" else self._q.job_run_retry_many
+    async def _change(self, conn: AsyncConn, action: BulkAction, ids: list[UUID],
+                      run_at: datetime | None = None) -> list[dict[str, Any]]:
+        """One batch in one transaction, with the NOTIFYs it calls for."""
+        queries = {"cancel": self._q.job_run_cancel_many, "retry": self._q.job_run_retry_many,
+                   "delete": self._q.job_run_delete_many,
+                   "reschedule": self._q.job_run_reschedule_many}
         async with conn.transaction():
-            rows = await (await conn.execute(query, {
-                "ids": ids, "now": self._clock.db_now()})).fetchall()
+            rows = await (await conn.execute(queries[action], {
+                "ids": ids, "now": self._clock.db_now(), "run_at": run_at})).fetchall()
+            payloads = []
             if action == "cancel":
                 payloads = [cancel_payload(r["id"]) for r in rows
                             if r["status"] == RunStatus.RUNNING]
-            else:
+            elif action in ("retry", "reschedule"):
+                # A later run_at needs no wake-up (the producers' timers find it), but a
+                # wake-up costs one poll at most: simpler to always send it.
                 payloads = [wake_payload(pool) for pool in sorted({r["pool"] for r in rows})]
             if payloads:
                 await self._notify(conn, payloads)
@@ -298,6 +368,38 @@ class RunControl:
                 await self._explain(conn, run_id, "retry")
             await self._notify(conn, [wake_payload(run.pool)])
         return run
+
+    async def replay(self, conn: AsyncConn, run_id: UUID, from_step: str) -> Replay:
+        """Run a finished durable run again from the step ``from_step``: the steps recorded
+        before it (in execution order) are reused, it and the later ones run again.
+
+        Raises RunNotFound, InvalidTransition (the run is not finished, or recorded no steps)
+        and UnknownStep (the run has no step ``from_step``; the message lists those it has)."""
+        async with conn.transaction():
+            run = await self._run(conn, self._q.job_run_get_for_update, {"id": run_id})
+            if run is None:
+                raise RunNotFound(f"no run {run_id}")
+            if not run.status.terminal:
+                raise InvalidTransition(
+                    f"cannot replay run {run_id}: it is {run.status.value}; wait until it is "
+                    "finished (or cancel it) first")
+            steps = await self.steps(conn, run_id)
+            seq = next((s["seq"] for s in steps if s["step_id"] == from_step), None)
+            if not steps:
+                raise InvalidTransition(
+                    f"cannot replay run {run_id} from a step: it recorded no steps (it is not "
+                    "a durable run); retry it instead")
+            if seq is None:
+                raise UnknownStep(f"run {run_id} has no step {from_step!r}; its steps: "
+                                  + _step_names(steps))
+            counts = await (await conn.execute(self._q.job_step_replay_from, {
+                "run_id": run_id, "seq": seq, "attempt": run.attempts + 1})).fetchone()
+            replayed = await self._run(conn, self._q.job_run_replay, {
+                "id": run_id, "now": self._clock.db_now()})
+            if replayed is None or counts is None:  # the row is locked and finished
+                raise InvalidTransition(f"cannot replay run {run_id}")
+            await self._notify(conn, [wake_payload(replayed.pool)])
+        return Replay(replayed, from_step, int(counts["kept"]), int(counts["dropped"]))
 
     async def signal(self, conn: AsyncConn, token: str, payload: Any) -> int:
         """Deliver a signal (stored for a run that waits later); returns the runs woken."""
@@ -330,7 +432,7 @@ class RunControl:
         async with conn.cursor(row_factory=class_row(PoolBacklog)) as cur:
             await cur.execute(self._q.job_run_oldest_runnable, {"now": self._clock.db_now()})
             runnable = await cur.fetchall()
-        return Stats(counts, runnable)
+        return Stats(counts, runnable, await PauseControl(self._q, self._clock).list(conn))
 
     async def _run(self, conn: AsyncConn, query: LiteralString,
                    params: dict[str, Any]) -> Run | None:
@@ -345,10 +447,18 @@ class RunControl:
             return await cur.fetchall()
 
     async def overview(self, conn: AsyncConn) -> list[dict[str, Any]]:
-        """Per pool: runnable, scheduled, running, waiting, failed in the last hour and the
-        oldest runnable run's age in seconds."""
-        return await self._read(conn, self._q.job_run_pool_overview,
+        """Per pool: runnable, scheduled, running, waiting, failed in the last hour, the
+        oldest runnable run's age in seconds, and whether it is paused (a paused pool is
+        listed even without live runs, so it can be resumed from the list)."""
+        rows = await self._read(conn, self._q.job_run_pool_overview,
                                 {"now": self._clock.db_now()})
+        paused = {p.name for p in await PauseControl(self._q, self._clock).list(conn)
+                  if p.kind == "pool"}
+        idle = [{"pool": name, "runnable": 0, "scheduled": 0, "running": 0, "waiting": 0,
+                 "failed_last_hour": 0, "oldest_runnable_age_s": 0.0}
+                for name in paused - {r["pool"] for r in rows}]
+        return sorted(({**r, "paused": r["pool"] in paused} for r in rows + idle),
+                      key=lambda r: r["pool"])
 
     async def series(self, conn: AsyncConn, minutes: int = 60) -> list[dict[str, Any]]:
         """Per minute of the last ``minutes``, oldest first: completed, failed, and the p50
@@ -357,11 +467,11 @@ class RunControl:
             "now": self._clock.db_now(), "minutes": max(1, min(minutes, 24 * 60))})
 
     async def list_workers(self, conn: AsyncConn) -> Workers:
-        """The workers alive and who leads. Workers do not register in the database yet (no
-        worker registry before the run-storage redesign): ``registry`` False and no items,
-        never a guess."""
-        cur = await conn.execute(self._q.leader_list, {"now": self._clock.db_now()})
-        return Workers(registry=False, items=[], leaders=await cur.fetchall())
+        """The workers alive (renewed within a lease) and who leads."""
+        now = {"now": self._clock.db_now()}
+        workers = await (await conn.execute(self._q.worker_list, now)).fetchall()
+        leaders = await (await conn.execute(self._q.leader_list, now)).fetchall()
+        return Workers(items=workers, leaders=leaders)
 
     async def _read(self, conn: AsyncConn, query: str,
                     params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -377,6 +487,11 @@ class RunControl:
     async def _notify(self, conn: AsyncConn, payloads: list[str]) -> None:
         await conn.execute(self._q.job_run_notify, {"channel": self._q.schema,
                                                      "payloads": payloads})
+
+
+def _step_names(steps: list[StepRow]) -> str:
+    names = ", ".join(repr(s["step_id"]) for s in steps[:_STEPS_NAMED])
+    return names + (f" and {len(steps) - _STEPS_NAMED} more" if len(steps) > _STEPS_NAMED else "")
 
 
 def _timed(step: StepRow) -> TimedStep:
@@ -396,9 +511,16 @@ def _wait(row: dict[str, Any]) -> dict[str, Any] | None:
             "children_done": list(row.get("children_done") or [])}
 
 
-def _bulk_result(action: str, rows: list[dict[str, Any]], remaining: int) -> BulkResult:
+def _bulk_result(action: str, rows: list[dict[str, Any]], remaining: int,
+                 batches: int) -> BulkResult:
     running = sum(1 for r in rows if r["status"] == RunStatus.RUNNING) if action == "cancel" else 0
-    return BulkResult(action, len(rows) - running, running, remaining, [r["id"] for r in rows])
+    return BulkResult(action, len(rows) - running, running, remaining, [r["id"] for r in rows],
+                      batches)
+
+
+def _report(options: BulkOptions, done: list[dict[str, Any]]) -> None:
+    if options.progress is not None:
+        options.progress(len(done))
 
 
 def _jsonable(value: Any) -> Any:

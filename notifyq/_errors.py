@@ -11,10 +11,13 @@ The tree, rooted at :class:`NotifyqError`::
     │   └── UnknownJobType     no worker has registered the type (also: a run's type has no
     │                          handler in the worker that claimed it)
     ├── ConcurrencyRejected    the concurrency key is busy and its policy is "reject"
-    ├── ChildFailed            a child run awaited by ctx.wait_for did not complete
+    ├── RunFailed              an awaited run ended failed, timed_out or canceled
+    │   └── ChildFailed        a child run awaited by ctx.wait_for did not complete
+    ├── ResultTimeout          an awaited run did not finish in time (also a TimeoutError)
     ├── StepError              a step was misused (id used twice, output not JSON)
     ├── WaitTimeout            a durable wait (signal or children) passed its deadline
     ├── RunNotFound            no run with that id
+    ├── UnknownStep            a replay names a step the run has not recorded
     ├── InvalidTransition      the run is not in a state that allows the operation
     ├── DecryptionFailed       a ciphertext does not decrypt (corrupted, or another row's)
     │   ├── UnknownKeyVersion  its key version is not configured here
@@ -22,6 +25,7 @@ The tree, rooted at :class:`NotifyqError`::
     ├── RotationInProgress     a key rotation to another version is still pending or running
     ├── InvalidEndpoint        a webhook endpoint (URL, headers, event types, secret) is refused
     ├── WebhookNotFound        no webhook endpoint or message with that id
+    ├── ScheduleNotFound       no periodic schedule with that name
     │
     │   internal: raised and handled inside notifyq, never exported
     ├── LeaseLost              a fenced write-back matched no row (dropped, never retried)
@@ -78,7 +82,25 @@ class ConcurrencyRejected(NotifyqError):
     ConcurrencyPolicy says ``collision="reject"``; nothing was enqueued."""
 
 
-class ChildFailed(NotifyqError):
+class RunFailed(NotifyqError):
+    """An awaited run (``app.wait``, ``Run.result``) ended ``failed``, ``timed_out`` or
+    ``canceled`` instead of completing.
+
+    ``run_id``, ``job_type``, ``status`` and ``error`` (the stored ``{message, type, stack,
+    retryable, attempt}``, or None) say what happened.
+    """
+
+    def __init__(self, run_id: object, job_type: str, status: str,
+                 error: dict[str, object] | None, *, what: str = "run") -> None:
+        reason = (error or {}).get("message", status)
+        super().__init__(f"{what} {run_id} ({job_type}) ended {status}: {reason}")
+        self.run_id = run_id
+        self.job_type = job_type
+        self.status = status
+        self.error = error
+
+
+class ChildFailed(RunFailed):
     """A child run that the parent waited for ended ``failed``, ``timed_out`` or ``canceled``.
 
     Catch it in the parent to decide what to do; ``child_id``, ``status`` and ``error`` say
@@ -87,11 +109,13 @@ class ChildFailed(NotifyqError):
 
     def __init__(self, child_id: object, job_type: str, status: str,
                  error: dict[str, object] | None) -> None:
-        reason = (error or {}).get("message", status)
-        super().__init__(f"child run {child_id} ({job_type}) ended {status}: {reason}")
+        super().__init__(child_id, job_type, status, error, what="child run")
         self.child_id = child_id
-        self.status = status
-        self.error = error
+
+
+class ResultTimeout(NotifyqError, TimeoutError):
+    """The awaited run did not finish within the timeout. It goes on running: wait again, or
+    cancel it."""
 
 
 class StepError(NotifyqError):
@@ -116,6 +140,10 @@ class UnknownJobType(InvalidEnqueue):
 
 class RunNotFound(NotifyqError, LookupError):
     """No run has that id (it may have been purged)."""
+
+
+class UnknownStep(NotifyqError, LookupError):
+    """The run has no recorded step with that id; the message lists the ones it has."""
 
 
 class InvalidTransition(NotifyqError):
@@ -185,6 +213,11 @@ class InvalidEndpoint(NotifyqError, ValueError):
 
 class WebhookNotFound(NotifyqError, LookupError):
     """No webhook endpoint or message has that id."""
+
+
+class ScheduleNotFound(NotifyqError, LookupError):
+    """No periodic schedule has that name: ``notifyq schedules list`` shows the names (a
+    schedule exists once a worker that declares it has started)."""
 
 
 # -- internal ------------------------------------------------------------------------------

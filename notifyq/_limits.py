@@ -34,6 +34,9 @@ MAX_KEY_LEN = 512
 CONCURRENCY_LIMIT_RANGE = (1, 100_000)
 MAX_SIGNAL_TOKEN_LEN = 512
 MAX_STEP_ID_LEN = 512
+MAX_RESULT_WAIT_S = 60.0
+"""The longest ``GET /v1/jobs/{id}?wait=`` holds a request (a proxy's idle timeout is often
+60 s; a longer wait is a loop of requests on the client's side)."""
 
 MAX_BATCH_RUNS = 1000
 """Runs in one ``POST /v1/jobs/batch``."""

@@ -1,8 +1,10 @@
 """LISTEN/NOTIFY: the wake-up hints between enqueuers and workers.
 
-The channel is the schema name. Payloads are ``j:<pool>`` (runnable work in a pool) and
-``c:<run id>`` (cancel a running run). A notification is only a hint: workers also poll, so a
-lost one delays work by at most one poll interval and never loses it.
+The channel is the schema name. Payloads are ``j:<pool>`` (runnable work in a pool),
+``c:<run id>`` (cancel a running run) and ``d:<run id>`` (an awaited run is finished: sent
+by migration 0011's trigger, read by :class:`~notifyq._awaiter.Awaiter`). A notification is
+only a hint: workers also poll, so a lost one delays work by at most one poll interval and
+never loses it.
 
 :class:`Notifier` keeps one dedicated LISTEN connection per process, reconnecting with backoff
 and re-LISTENing; after every (re)connect it tells its subscribers, which then look at the table

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
+from notifyq._cadence import Cadence, Cron, Every
 from notifyq._context import JobContext
 from notifyq._errors import ConfigError
 from notifyq._limits import JOB_TYPE, POOL
@@ -61,13 +62,34 @@ class HandlerSpec:
 
 @dataclass(frozen=True, slots=True)
 class PeriodicSpec:
+    """One schedule: which job, when (``cadence``), with which input; ``catch_up`` enqueues the
+    ticks missed while no worker ran, oldest first."""
+
     job_type: str
-    every: timedelta
+    cadence: Cadence
     input: dict[str, Any] | list[Any]
+    catch_up: bool = False
+    given_name: str | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.job_type}@{self.every // timedelta(milliseconds=1)}ms"
+        """``name=`` when given, else ``type@300000ms`` or ``type@cron(0 9 * * MON-FRI, tz)``."""
+        if self.given_name is not None:
+            return self.given_name
+        match self.cadence:
+            case Every(every):
+                return f"{self.job_type}@{every // timedelta(milliseconds=1)}ms"
+            case Cron(expression, tz):
+                return f"{self.job_type}@cron({expression}, {tz})"
+
+    def definition(self) -> dict[str, Any]:
+        """The row the scheduler upserts into ``periodic_schedule``."""
+        every, cron = (self.cadence, None) if isinstance(self.cadence, Every) else (
+            None, self.cadence)
+        return {"name": self.name, "job_type": self.job_type,
+                "every_ms": every.every // timedelta(milliseconds=1) if every else None,
+                "cron": cron.expression if cron else None, "tz": cron.tz if cron else None,
+                "catch_up": self.catch_up}
 
 
 class Registry:
@@ -106,6 +128,12 @@ class Registry:
             raise ConfigError(message + " (set NOTIFYQ_ENV=development to allow overwriting)")
         if self._env == "development":
             log.warning("%s; the later one wins", message)
+
+    def add_periodic(self, spec: PeriodicSpec) -> None:
+        if any(s.name == spec.name for s in self.periodic):
+            raise ConfigError(f"periodic schedule {spec.name!r} declared twice: give one of "
+                              "them another name=")
+        self.periodic.append(spec)
 
     def get(self, job_type: str) -> HandlerSpec | None:
         return self._handlers.get(job_type)

@@ -6,11 +6,11 @@ import json
 import traceback
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from itertools import repeat
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 RUN_STATUSES = ("pending", "running", "waiting", "completed", "failed", "timed_out", "canceled")
@@ -42,9 +42,21 @@ _TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.TIMED_OU
                        RunStatus.CANCELED})
 
 
+class ResultSource(Protocol):
+    """Where :meth:`Run.result` waits (the App's awaiter)."""
+
+    async def wait(self, run_id: UUID, timeout: float | None) -> Any: ...  # noqa: ASYNC109
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Run:
-    """A run as stored. ``error`` is ``{message, type, stack, retryable, attempt}``."""
+    """A run as stored. ``error`` is ``{message, type, stack, retryable, attempt}``.
+
+    Runs an App hands out (``enqueue``, ``get_run``, ...) can be awaited::
+
+        run = await app.enqueue("report.build", {"day": "2026-12-01"})
+        output = await run.result(timeout=30)
+    """
 
     id: UUID
     job_type: str
@@ -72,6 +84,17 @@ class Run:
     root_run_id: UUID | None = None
     trigger_source: str | None = None
     trigger_ref: str | None = None
+    _awaiter: ResultSource | None = field(default=None, repr=False, compare=False)
+
+    async def result(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109
+        """Wait until the run is finished and return its output. Raises
+        :class:`~notifyq.RunFailed` (with the stored error) when it ended failed, timed_out or
+        canceled, and :class:`~notifyq.ResultTimeout` (a ``TimeoutError``) after ``timeout``
+        seconds (None: wait as long as it takes). Woken by a notification, not by polling."""
+        if self._awaiter is None:
+            raise RuntimeError(f"run {self.id} was not handed out by an App: use "
+                               "await app.wait(run_id) instead")
+        return await self._awaiter.wait(self.id, timeout)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
@@ -95,10 +118,18 @@ class Run:
         return out
 
 
-RUN_FIELDS = tuple(f.name for f in fields(Run))
+RUN_FIELDS = tuple(f.name for f in fields(Run) if f.name != "_awaiter")
+"""The stored fields (``_awaiter`` is where :meth:`Run.result` waits, not a column)."""
 _REQUIRED = frozenset(f.name for f in fields(Run) if f.default is MISSING)
 _DEFAULTS = {f.name: f.default for f in fields(Run) if f.default is not MISSING}
-_SLOT_SETTERS = {name: Run.__dict__[name].__set__ for name in RUN_FIELDS}
+_SLOT_SETTERS = {f.name: Run.__dict__[f.name].__set__ for f in fields(Run)}
+
+
+def awaitable(run: Run, awaiter: ResultSource) -> Run:
+    """``run`` with :meth:`Run.result` waiting through ``awaiter``; set on a run just built,
+    before anyone else sees it (so the frozen run never changes under a reader)."""
+    _SLOT_SETTERS["_awaiter"](run, awaiter)
+    return run
 
 
 def runs_from_columns(n: int, columns: Mapping[str, Sequence[Any]],

@@ -34,7 +34,7 @@ SELECT * FROM {schema}._enqueue(
 -- own type, accepted by `accept_types`).
 INSERT INTO {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at,
                               max_attempts, timeout_s, tags, scope_entity_type, scope_entity_id,
-                              tenant_id, defaulted)
+                              tenant_id, defaulted, trace_context)
 SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.pool, 'default'),
        coalesce(r.priority, d.priority_default, 0), coalesce(r.run_at, now()),
        coalesce(r.max_attempts, d.max_attempts, 25), d.timeout_s, coalesce(r.tags, ARRAY[]::text[]),
@@ -52,10 +52,11 @@ SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.poo
             WHEN r.job_type = ANY (%(accept_types)s::text[])
                  OR {schema}._accept_unknown_job_type(r.job_type)
             THEN ((r.pool IS NULL)::integer + 2 * (r.priority IS NULL)::integer
-                  + 4 * (r.max_attempts IS NULL)::integer)::smallint END
+                  + 4 * (r.max_attempts IS NULL)::integer)::smallint END,
+       r.trace_context
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb, pool text,
      priority integer, run_at timestamptz, max_attempts integer, tags text[],
-     scope_entity_type text, scope_entity_id text, tenant_id text)
+     scope_entity_type text, scope_entity_id text, tenant_id text, trace_context jsonb)
 LEFT JOIN {schema}.job d ON d.type = r.job_type
 -- The size the SQL function checks, as jsonb prints it (1e300 is 5 bytes in Python's JSON and
 -- 301 here): an oversized row is left out, and the caller reports it.
@@ -87,7 +88,7 @@ RETURNING id, job_type, job_version, status, pool, priority, run_at, attempts, m
 WITH inserted AS (
     INSERT INTO {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at,
                                   max_attempts, timeout_s, tags, scope_entity_type,
-                                  scope_entity_id, tenant_id, defaulted)
+                                  scope_entity_id, tenant_id, defaulted, trace_context)
     SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.pool, 'default'),
            coalesce(r.priority, d.priority_default, 0), coalesce(r.run_at, now()),
            coalesce(r.max_attempts, d.max_attempts, 25), d.timeout_s,
@@ -102,10 +103,11 @@ WITH inserted AS (
                 WHEN r.job_type = ANY (%(accept_types)s::text[])
                      OR {schema}._accept_unknown_job_type(r.job_type)
                 THEN ((r.pool IS NULL)::integer + 2 * (r.priority IS NULL)::integer
-                      + 4 * (r.max_attempts IS NULL)::integer)::smallint END
+                      + 4 * (r.max_attempts IS NULL)::integer)::smallint END,
+           r.trace_context
     FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb, pool text,
          priority integer, run_at timestamptz, max_attempts integer, tags text[],
-         scope_entity_type text, scope_entity_id text, tenant_id text)
+         scope_entity_type text, scope_entity_id text, tenant_id text, trace_context jsonb)
     LEFT JOIN {schema}.job d ON d.type = r.job_type
     -- Oversized as jsonb prints it (see job_run_insert_many): left out, the caller reports it.
     WHERE octet_length(r.input::text) <= 65536
@@ -116,6 +118,13 @@ SELECT (SELECT count(*) FROM inserted) AS inserted, now() AS now, t.type, d.pool
        d.priority_default, d.max_attempts, d.timeout_s
 FROM unnest(%(types)s::text[]) AS t(type)
 LEFT JOIN {schema}.job d ON d.type = t.type
+
+-- name: job_run_trace_context_set
+-- The enqueue's trace context on a run written by _enqueue (dedupe or concurrency keys, the sync
+-- path), which takes no trace context: sent only when a tracer is installed, in the enqueue's
+-- transaction. A run that already has one (a dedupe hit on an older run) keeps it.
+UPDATE {schema}.job_run SET trace_context = %(trace_context)s::jsonb
+WHERE id = %(id)s AND trace_context IS NULL
 
 -- name: job_run_input_size
 SELECT octet_length(%(input)s::jsonb::text) AS size
@@ -129,11 +138,18 @@ SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payl
 -- SKIP LOCKED lets any number of producers claim concurrently without waiting on each other;
 -- the fence grows by one so write-backs from any earlier claim of the same run match nothing.
 -- `claimed_at` is the database's now: the worker times retries from it, not from its own clock.
+-- Paused pools and types (migration 0013) are read here, so every worker obeys from its next
+-- claim: the pool's check is uncorrelated (evaluated once, a one-time filter); the per-row type
+-- check runs only while some type is paused (the OR short-circuits on the one-time EXISTS).
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 picked AS (
-    SELECT id FROM {schema}.job_run, n
+    SELECT id FROM {schema}.job_run j, n
     WHERE status = 'pending' AND pool = %(pool)s AND run_at <= n.now
       AND concurrency_key IS NULL
+      AND NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'pool' AND name = %(pool)s)
+      AND (NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'type')
+           OR NOT EXISTS (SELECT FROM {schema}.pause p
+                          WHERE p.kind = 'type' AND p.name = j.job_type))
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -146,7 +162,7 @@ FROM picked, n
 WHERE r.id = picked.id
 RETURNING r.id, r.job_type, r.job_version, r.input, r.pool, r.priority, r.run_at, r.attempts,
           r.max_attempts, r.timeout_s, r.fence, r.tags, r.parent_run_id, r.root_run_id,
-          r.dedupe_key, r.created_at, r.cancel_requested_at, r.claimed_at
+          r.dedupe_key, r.created_at, r.cancel_requested_at, r.claimed_at, r.trace_context
 
 -- name: job_run_claim_keyed
 -- Runs with a concurrency key, at most their limit running per key (see _claim_keyed).
@@ -474,6 +490,22 @@ FROM n
 WHERE r.id = ANY (%(ids)s::uuid[]) AND r.status IN ('failed', 'canceled', 'timed_out')
 RETURNING r.id, r.pool, r.status
 
+-- name: job_run_delete_many
+-- Deletes many finished runs at once (a bulk action): runs not finished by now are left out
+-- (cancel them first). Steps go with their run (ON DELETE CASCADE); children keep their rows,
+-- their parent_run_id set to NULL.
+DELETE FROM {schema}.job_run
+WHERE id = ANY (%(ids)s::uuid[]) AND status IN ('completed', 'failed', 'canceled', 'timed_out')
+RETURNING id, pool, status
+
+-- name: job_run_reschedule_many
+-- Moves many pending runs to `run_at` (a bulk action): runs no longer pending are left out.
+-- Earlier or later alike; the caller wakes the pools when runs became runnable sooner.
+UPDATE {schema}.job_run
+SET run_at = %(run_at)s, updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = ANY (%(ids)s::uuid[]) AND status = 'pending'
+RETURNING id, pool, status
+
 -- name: job_run_pool_overview
 -- Per pool, what is live now and what failed in the last hour, each part read from its own
 -- partial index (claim/scheduled, running, waiting, finished), so the cost follows the live
@@ -540,3 +572,26 @@ ORDER BY m.minute
 -- indexes are estimated above jit_above_cost (random heap reads of 40,000 pending runs: cost
 -- 123,000) and compiled for 165 ms to run for 10 ms (measured on 10 million runs).
 SELECT set_config('jit', 'off', true)
+
+-- name: job_run_await
+-- Marks a run awaited (its final status change then NOTIFYs 'd:<id>', migration 0011) and
+-- returns it as it is after any write in flight: the row lock orders this against a worker's
+-- write-back, so either the write-back sees the mark and notifies, or this sees it finished.
+UPDATE {schema}.job_run SET awaited = true WHERE id = %(id)s RETURNING *
+
+-- name: job_run_get_for_update
+-- A run, locked for the rest of the transaction (a replay checks it, then changes it).
+SELECT * FROM {schema}.job_run WHERE id = %(id)s FOR UPDATE
+
+-- name: job_run_replay
+-- Puts a finished run back in line now for a replay (its steps were trimmed by
+-- job_step_replay_from in the same transaction): no output, error or wait, room for at least one
+-- more attempt. A run that is not finished is left alone (no row back).
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+UPDATE {schema}.job_run r
+SET status = 'pending', run_at = n.now, output = NULL, error = NULL, finished_at = NULL,
+    cancel_requested_at = NULL, wait_kind = NULL, wait_token = NULL, waiting_on = NULL,
+    max_attempts = greatest(r.max_attempts, r.attempts + 1), updated_at = n.now
+FROM n
+WHERE r.id = %(id)s AND r.status IN ('completed', 'failed', 'canceled', 'timed_out')
+RETURNING r.*

@@ -25,3 +25,17 @@ SET seq = excluded.seq, kind = excluded.kind, status = excluded.status, output =
     attempt = excluded.attempt, started_at = excluded.started_at,
     finished_at = excluded.finished_at
 RETURNING step_id
+
+-- name: job_step_replay_from
+-- A replay from the step at `seq` (execution order): that step and every later one are deleted,
+-- so they run again; the earlier ones are carried into the coming attempt (`attempt`, the
+-- run's attempts + 1), so the replay reuses them whatever the handler's replay_from says, as a
+-- resume within one attempt does (notifyq/_durable/session.py, _reusable).
+WITH dropped AS (
+    DELETE FROM {schema}.job_step WHERE run_id = %(run_id)s AND seq >= %(seq)s RETURNING step_id
+), kept AS (
+    UPDATE {schema}.job_step SET attempt = %(attempt)s
+    WHERE run_id = %(run_id)s AND seq < %(seq)s
+    RETURNING step_id
+)
+SELECT (SELECT count(*) FROM dropped) AS dropped, (SELECT count(*) FROM kept) AS kept

@@ -17,7 +17,7 @@ WHERE id = %(id)s
 RETURNING *
 
 -- name: webhook_endpoint_list_unsealed
--- Endpoints written before 0009 whose header values are still in clear.
+-- Endpoints written before 0014 whose header values are still in clear.
 SELECT id, headers FROM {schema}.webhook_endpoint
 WHERE header_values IS NULL AND headers <> '{{}}'::jsonb
 ORDER BY id

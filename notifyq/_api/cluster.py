@@ -1,6 +1,7 @@
 """The ``/v1`` routes about the cluster as a whole: the per-pool overview, per-minute series,
-workers and leaders, periodic schedules; and the run filter that ``GET /v1/jobs`` and the
-dashboard share. Thin calls into :class:`~notifyq._control.RunControl`."""
+workers and leaders, pausing and resuming pools and job types; and the run
+filter that ``GET /v1/jobs`` and the dashboard share. Thin calls into
+:class:`~notifyq._control.RunControl` and :class:`~notifyq._pause.PauseControl`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Body, Path, Query
 from fastapi.exceptions import RequestValidationError
 
 from notifyq._api import schemas
@@ -16,7 +17,7 @@ from notifyq._app import App
 from notifyq._control import RunFilter
 from notifyq._http.schemas import responses_for
 from notifyq._limits import JOB_TYPE, POOL
-from notifyq._maintenance.scheduler import schedule_list
+from notifyq._pause import PauseKind
 from notifyq._run import RunStatus
 
 AUTH = (401, 403)
@@ -52,8 +53,9 @@ def run_filter(  # noqa: PLR0917 - one parameter per query filter
                                        "type": "value_error"}]) from None
 
 
-def add_cluster_routes(router: APIRouter, app: App, read: list[Any]) -> None:
+def add_cluster_routes(router: APIRouter, app: App, read: list[Any], admin: list[Any]) -> None:
     control = app._control
+    _add_pause_routes(router, app, read, admin)
 
     @router.get("/stats/pools", dependencies=read, response_model=schemas.PoolsOut,
                 responses=responses_for(*AUTH),
@@ -77,10 +79,56 @@ def add_cluster_routes(router: APIRouter, app: App, read: list[Any]) -> None:
         async with (await app.pool()).connection() as conn:
             return (await control.list_workers(conn)).to_json()
 
-    @router.get("/schedules", dependencies=read, response_model=schemas.SchedulesOut,
-                responses=responses_for(*AUTH),
-                summary="Periodic schedules with their last and next tick")
-    async def schedules() -> dict[str, Any]:
+
+
+PoolName = Annotated[str, Path(pattern=POOL.pattern, description="the pool's name")]
+TypeName = Annotated[str, Path(pattern=JOB_TYPE.pattern, description="the job type")]
+
+
+def _add_pause_routes(router: APIRouter, app: App, read: list[Any], admin: list[Any]) -> None:
+    pauses = app._pauses
+
+    async def pause(kind: PauseKind, name: str, body: schemas.PauseIn | None) -> dict[str, Any]:
         async with (await app.pool()).connection() as conn:
-            return {"items": await schedule_list(conn, app._runtime.queries,
-                                                 app._registry.periodic, app.clock.now())}
+            paused, created = await pauses.pause(conn, kind, name,
+                                                 reason=body.reason if body else None)
+        return {**paused.to_json(), "created": created}
+
+    async def resume(kind: PauseKind, name: str) -> dict[str, Any]:
+        async with (await app.pool()).connection() as conn:
+            resumed = await pauses.resume(conn, kind, name)
+        return {"kind": kind, "name": name, "resumed": resumed is not None}
+
+    @router.get("/pauses", dependencies=read, response_model=schemas.PausesOut,
+                responses=responses_for(*AUTH), summary="The paused pools and job types")
+    async def list_pauses() -> dict[str, Any]:
+        async with (await app.pool()).connection() as conn:
+            return {"items": [p.to_json() for p in await pauses.list(conn)]}
+
+    @router.post("/pools/{name}/pause", dependencies=admin, response_model=schemas.PausedOut,
+                 responses=responses_for(*AUTH),
+                 summary="Pause a pool: no worker claims its runs from its next claim on; "
+                         "running runs finish")
+    async def pause_pool(name: PoolName,
+                         body: Annotated[schemas.PauseIn | None, Body()] = None) -> Any:
+        return await pause("pool", name, body)
+
+    @router.post("/pools/{name}/resume", dependencies=admin, response_model=schemas.ResumedOut,
+                 responses=responses_for(*AUTH),
+                 summary="Resume a paused pool (its workers are woken at once)")
+    async def resume_pool(name: PoolName) -> Any:
+        return await resume("pool", name)
+
+    @router.post("/types/{name}/pause", dependencies=admin, response_model=schemas.PausedOut,
+                 responses=responses_for(*AUTH),
+                 summary="Pause a job type: no worker claims its runs from its next claim "
+                         "on; running runs finish")
+    async def pause_type(name: TypeName,
+                         body: Annotated[schemas.PauseIn | None, Body()] = None) -> Any:
+        return await pause("type", name, body)
+
+    @router.post("/types/{name}/resume", dependencies=admin, response_model=schemas.ResumedOut,
+                 responses=responses_for(*AUTH),
+                 summary="Resume a paused job type (the pools' workers are woken at once)")
+    async def resume_type(name: TypeName) -> Any:
+        return await resume("type", name)

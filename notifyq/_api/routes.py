@@ -1,8 +1,11 @@
-"""The ``/v1`` routes: jobs (enqueue, batch, get with steps and children, list, cancel, retry)
-and stats. Each is a thin call into :class:`notifyq.App`."""
+"""The ``/v1`` routes: jobs (enqueue, batch, get with steps and children, optionally waiting
+until the run is finished, list, cancel, retry, replay from a step) and stats. Each is a thin
+call into :class:`notifyq.App`."""
 
 from __future__ import annotations
 
+import re
+from contextlib import suppress
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -11,26 +14,27 @@ from fastapi.responses import JSONResponse
 
 from notifyq._api import schemas
 from notifyq._api.cluster import add_cluster_routes, run_filter
+from notifyq._api.schedules import add_schedule_routes
 from notifyq._app import App
-from notifyq._control import RunFilter
+from notifyq._control import BulkOptions, RunFilter
 from notifyq._crypto.ciphertext import MAX_VERSION
 from notifyq._enqueue.request import EnqueueRequest
-from notifyq._errors import ConfigError, InvalidEnqueue, PayloadTooLarge
+from notifyq._errors import ConfigError, InvalidEnqueue, PayloadTooLarge, ResultTimeout, UnknownStep
 from notifyq._http.auth import Authenticator
 from notifyq._http.gate import SchemaGate
 from notifyq._http.problems import problem
 from notifyq._http.schemas import responses_for
 from notifyq._limits import (
     MAX_PAGE,
+    MAX_RESULT_WAIT_S,
     MAX_SIGNAL_TOKEN_LEN,
 )
 from notifyq._run import Run
 from notifyq._webhooks.routes import add_webhook_routes
 
 DETAIL_LIMIT = 1000  # most steps / children shown with a job
-
-
-
+_WAIT = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
 
 AUTH = (401, 403)
 AllowUnknownType = Annotated[bool | None, Query(description=(
@@ -40,6 +44,18 @@ AllowUnknownType = Annotated[bool | None, Query(description=(
 
 def _run(run: Run) -> dict[str, Any]:
     return run.to_json()
+
+
+def wait_seconds(text: str) -> float:
+    """``?wait=``: ``30s``, ``500ms``, ``1m`` or plain seconds, at most ``MAX_RESULT_WAIT_S``."""
+    found = _WAIT.fullmatch(text.strip())
+    if found is None:
+        raise ValueError(f"wait must be a duration like 30s, 500ms or 1m, got {text!r}")
+    seconds = float(found[1]) * _UNIT_S[found[2]]
+    if seconds > MAX_RESULT_WAIT_S:
+        raise ValueError(f"wait is at most {MAX_RESULT_WAIT_S:g}s, got {text!r}: ask again "
+                         "when it runs out")
+    return seconds
 
 
 def _filter_of(body: schemas.FilterIn) -> RunFilter:
@@ -84,8 +100,18 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
 
     @router.get("/jobs/{id}", dependencies=read, response_model=schemas.RunDetail,
                 responses=responses_for(404, 422, *AUTH),
-                summary="A run with its steps and children")
-    async def get_job(id: UUID) -> dict[str, Any]:
+                summary="A run with its steps and children; with wait, once it is finished")
+    async def get_job(id: UUID, wait: Annotated[str | None, Query(description=(
+            "wait up to this long (30s, 500ms, 1m; at most "
+            f"{MAX_RESULT_WAIT_S:g}s) for the run to finish, woken when it does; the answer "
+            "is the run as it is then, finished or not"))] = None) -> Any:
+        if wait is not None:
+            try:
+                seconds = wait_seconds(wait)
+            except ValueError as exc:
+                return problem(422, str(exc), field="wait")
+            with suppress(ResultTimeout):  # not finished yet: the run as it is now
+                await app._awaiter.finished(id, seconds)
         db = await app.pool()
         async with db.connection() as conn:
             detail = await app._control.detail(conn, id, limit=DETAIL_LIMIT)
@@ -106,26 +132,27 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
 
     @router.post("/jobs/bulk", dependencies=admin, response_model=schemas.BulkOut,
                  responses=responses_for(422, *AUTH),
-                 summary="Cancel or retry many runs: by id, or all that match a filter "
-                         "(dry_run: only count them)")
+                 summary="Cancel, retry, delete or reschedule many runs: by id, or all that "
+                         "match a filter, in batches (dry_run: only count them)")
     async def bulk(body: schemas.BulkIn) -> Any:
         if (body.ids is None) == (body.filter is None):
             return problem(422, "give either ids or filter", field="body")
+        options = BulkOptions(run_at=body.run_at, batch_size=body.batch_size)
+        try:
+            if not body.dry_run:  # a count needs no run_at
+                options.check(body.action)
+            where = _filter_of(body.filter) if body.filter is not None else None
+        except ValueError as exc:
+            return problem(422, str(exc), field="run_at" if "run_at" in str(exc) else "filter")
         async with (await app.pool()).connection() as conn:
-            if body.filter is not None:
-                try:
-                    where = _filter_of(body.filter)
-                except ValueError as exc:
-                    return problem(422, f"filter: {exc}", field="filter")
-                if body.dry_run:
-                    return {"action": body.action, "dry_run": True,
-                            "matched": await app._control.count(conn, where, body.action)}
-                result = await app._control.bulk(conn, body.action, where=where)
-            else:
-                if body.dry_run:
+            if body.dry_run:
+                if where is None:
                     return problem(422, "dry_run counts a filter's runs; with ids, the count "
                                    "is theirs", field="dry_run")
-                result = await app._control.bulk(conn, body.action, ids=body.ids)
+                return {"action": body.action, "dry_run": True,
+                        "matched": await app._control.count(conn, where, body.action)}
+            result = await app._control.bulk(conn, body.action, ids=body.ids, where=where,
+                                             options=options)
         return {**result.to_json(), "dry_run": False}
 
     @router.post("/jobs/{id}/cancel", dependencies=admin, response_model=schemas.RunOut,
@@ -140,12 +167,25 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
     async def retry(id: UUID) -> dict[str, Any]:
         return _run(await app.retry(id))
 
+    @router.post("/jobs/{id}/replay", dependencies=admin, response_model=schemas.ReplayOut,
+                 responses=responses_for(404, 409, 422, *AUTH),
+                 summary="Run a finished durable run again from a step, reusing the steps "
+                         "recorded before it")
+    async def replay(id: UUID, body: schemas.ReplayIn) -> Any:
+        async with (await app.pool()).connection() as conn:
+            try:
+                done = await app._control.replay(conn, id, body.from_step)
+            except UnknownStep as exc:
+                return problem(422, str(exc), field="from_step")
+        return done.to_json()
+
     @router.get("/stats", dependencies=read, response_model=schemas.StatsOut,
                 responses=responses_for(*AUTH), summary="Counts by type, pool and status")
     async def stats() -> dict[str, Any]:
         return (await app.stats()).to_json()
 
-    add_cluster_routes(router, app, read)
+    add_cluster_routes(router, app, read, admin)
+    add_schedule_routes(router, app, read, admin)
     _add_signals(router, app, admin)
     _add_keys(router, app, read, admin)
     if app._webhooks is not None:  # only what this server does is in its OpenAPI document

@@ -16,6 +16,7 @@ from notifyq._limits import (
     MAX_JOB_TYPE_LEN,
     MAX_KEY_LEN,
     MAX_POOL_LEN,
+    MAX_STEP_ID_LEN,
     MAX_TAG_LEN,
     MAX_TAGS,
     PRIORITY_RANGE,
@@ -108,6 +109,21 @@ class RunDetail(RunOut):
     wait: WaitOut | None = Field(None, description="what a waiting run waits for")
 
 
+class ReplayIn(_In):
+    from_step: Annotated[Text, Field(min_length=1, max_length=MAX_STEP_ID_LEN, description=(
+        "the step id to run again from; the steps recorded before it are reused"))]
+
+
+class ReplayInfo(BaseModel):
+    from_step: str
+    steps_kept: int = Field(description="steps recorded before from_step, reused by the replay")
+    steps_dropped: int = Field(description="from_step and the later steps, which run again")
+
+
+class ReplayOut(RunOut):
+    replay: ReplayInfo
+
+
 class RunPage(BaseModel):
     items: list[RunOut]
     next_cursor: UUID | None = Field(
@@ -131,9 +147,37 @@ class RunnableRow(BaseModel):
     oldest_age_s: float
 
 
+class PauseOut(BaseModel):
+    kind: Literal["pool", "type"]
+    name: str
+    reason: str | None
+    paused_at: datetime
+
+
 class StatsOut(BaseModel):
     counts: list[CountRow]
     runnable: list[RunnableRow]
+    paused: list[PauseOut]
+
+
+class PauseIn(_In):
+    reason: Annotated[Text, Field(min_length=1, max_length=500)] | None = Field(
+        None, description="shown with the pause (dashboard, CLI, API)")
+
+
+class PausedOut(PauseOut):
+    created: bool = Field(description="false: it was paused already (paused_at is the first "
+                                      "pause's; a reason given replaces the old one)")
+
+
+class ResumedOut(BaseModel):
+    kind: Literal["pool", "type"]
+    name: str
+    resumed: bool = Field(description="false: it was not paused")
+
+
+class PausesOut(BaseModel):
+    items: list[PauseOut]
 
 
 class SignalOut(BaseModel):
@@ -172,11 +216,17 @@ class FilterIn(_In):
 
 
 class BulkIn(_In):
-    action: Literal["cancel", "retry"]
+    action: Literal["cancel", "retry", "delete", "reschedule"] = Field(description=(
+        "cancel: pending, waiting, running (asked to stop); retry: failed, canceled, "
+        "timed_out; delete: finished runs only; reschedule: pending runs, to run_at"))
     ids: Annotated[list[UUID], Field(min_length=1, max_length=10_000)] | None = None
     filter: FilterIn | None = None
     dry_run: bool = Field(False, description="with filter: only count the runs the action "
                                              "applies to (up to 10,000)")
+    run_at: AwareDatetime | None = Field(None, description="reschedule: the new run_at "
+                                                            "(required; with an offset)")
+    batch_size: Annotated[int, Field(ge=1, le=5000)] = Field(
+        500, description="runs changed per transaction")
 
 
 class BulkOut(BaseModel):
@@ -186,6 +236,7 @@ class BulkOut(BaseModel):
     changed: int | None = Field(None, description="runs canceled or put back in line")
     requested: int | None = Field(None, description="running runs asked to stop")
     remaining: int | None = Field(None, description="matching runs left: send it again")
+    batches: int | None = Field(None, description="transactions it took")
 
 
 class PoolRow(BaseModel):
@@ -196,6 +247,7 @@ class PoolRow(BaseModel):
     waiting: int
     failed_last_hour: int
     oldest_runnable_age_s: float
+    paused: bool = Field(description="no worker claims its runs until it is resumed")
 
 
 class PoolsOut(BaseModel):
@@ -222,22 +274,49 @@ class LeaderRow(BaseModel):
     alive: bool
 
 
+class WorkerRow(BaseModel):
+    id: str
+    host: str
+    pid: int
+    version: str
+    pools: list[str]
+    concurrency: int
+    running: int = Field(description="runs executing at the last heartbeat")
+    started_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime = Field(description="alive until then unless it heartbeats again")
+
+
 class WorkersOut(BaseModel):
-    registry: bool = Field(description="false: workers do not register in this schema yet, "
-                                       "so items says nothing about them")
-    items: list[dict[str, Any]]
+    items: list[WorkerRow]
     leaders: list[LeaderRow]
 
 
 class ScheduleRow(BaseModel):
     name: str
     job_type: str
-    every_s: float | None
+    every_s: float | None = Field(description="the interval of an every= schedule")
+    cron: str | None = Field(description="the cron expression of a cron= schedule")
+    tz: str | None = Field(description="the IANA time zone the cron expression is read in")
+    catch_up: bool = Field(description="missed ticks are enqueued after downtime")
+    paused: bool
+    paused_at: datetime | None
     last_tick_at: datetime | None
     last_run_id: UUID | None
     last_status: str | None
-    next_tick_at: datetime | None
-    registered_here: bool
+    next_tick_at: datetime | None = Field(description="None while paused")
+    registered_here: bool = Field(description="this server's app declares the schedule")
+
+
+class SchedulePaused(BaseModel):
+    name: str
+    paused_at: datetime
+
+
+class ScheduleResumed(BaseModel):
+    name: str
+    resumed_at: datetime | None = Field(
+        description="ticks before this are skipped; unchanged if the schedule was not paused")
 
 
 class SchedulesOut(BaseModel):

@@ -17,8 +17,10 @@ from collections.abc import Sequence
 
 import psycopg
 
+from notifyq._cli.pause import add_pause_commands
 from notifyq._cli.process import add_bench_command, add_process_commands
 from notifyq._cli.runs import add_run_commands
+from notifyq._cli.schedules import add_schedule_commands
 from notifyq._console import EXIT_ERROR, Parser
 from notifyq._errors import NotifyqError
 from notifyq._keys.commands import add_keys_parser
@@ -33,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
                                 metavar="COMMAND")
     add_process_commands(sub)
     add_run_commands(sub)
+    add_schedule_commands(sub)
+    add_pause_commands(sub)
     add_keys_parser(sub)
     add_webhooks_parser(sub)
     add_bench_command(sub)

@@ -1,17 +1,26 @@
-"""``notifyq enqueue``, ``notifyq runs list|show|cancel|retry`` and ``notifyq stats``: one
-connection each (no pool, no worker machinery), to a database checked to be migrated."""
+"""``notifyq enqueue``, ``notifyq runs list|show|cancel|retry|replay|delete|reschedule`` and
+``notifyq stats``: one connection each (no pool, no worker machinery), to a database checked
+to be migrated."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Iterator
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from notifyq._app import App
+from notifyq._cli.bulk import (
+    FILTER_FLAGS,
+    add_bulk_arguments,
+    add_filter_arguments,
+    bulk_command,
+    filter_of,
+    parse_time,
+)
 from notifyq._console import (
     Parser,
     json_default,
@@ -20,7 +29,7 @@ from notifyq._console import (
     when,
     with_conn,
 )
-from notifyq._control import RunDetail, Stats
+from notifyq._control import BulkAction, RunDetail, Stats
 from notifyq._db.pool import AsyncConn
 from notifyq._enqueue.validate import parse_input
 from notifyq._errors import InvalidEnqueue, NotifyqError
@@ -39,6 +48,9 @@ def add_run_commands(sub: Any) -> None:
     stats = sub.add_parser("stats", help="counts by status, type and pool; queue age per pool")
     stats.add_argument("--json", action="store_true", help="print JSON")
     stats.set_defaults(func=cmd_stats)
+    workers = sub.add_parser("workers", help="the workers alive (the registry) and the leader")
+    workers.add_argument("--json", action="store_true", help="print JSON")
+    workers.set_defaults(func=cmd_workers)
 
 
 def _add_enqueue(sub: Any) -> None:
@@ -62,30 +74,45 @@ def _add_enqueue(sub: Any) -> None:
 
 
 def _add_runs(sub: Any) -> None:
-    runs = sub.add_parser("runs", help="list, show, cancel and retry runs")
+    runs = sub.add_parser(
+        "runs", help="list, show, cancel, retry, replay, delete and reschedule runs")
     actions = runs.add_subparsers(dest="action", required=True, parser_class=Parser,
-                                  metavar="list|show|cancel|retry")
+                                  metavar="list|show|cancel|retry|replay|delete|reschedule")
 
     listing = actions.add_parser("list", help="newest runs first")
-    listing.add_argument("--status", help="one of " + ", ".join(s.value for s in RunStatus))
-    listing.add_argument("--type", dest="job_type", metavar="TYPE")
-    listing.add_argument("--pool")
-    listing.add_argument("--tag")
+    add_filter_arguments(listing)
     listing.add_argument("--limit", default="50", metavar="N",
                          help=f"at most N runs, 1..{LIST_LIMIT_MAX} (default 50)")
     listing.add_argument("--json", action="store_true", help="print a JSON array")
     listing.set_defaults(func=cmd_runs_list)
 
-    for name, func, text in (("show", cmd_runs_show, "one run, with input, output and error, "
-                              "its step timeline and its children"),
-                             ("cancel", cmd_runs_cancel,
-                              "cancel a pending/waiting run; ask a running one to stop"),
-                             ("retry", cmd_runs_retry,
-                              "put a failed, canceled or timed-out run back in line")):
+    show = actions.add_parser("show", help="one run, with input, output and error, its step "
+                              "timeline and its children")
+    show.add_argument("run_id", metavar="ID")
+    show.add_argument("--json", action="store_true", help="print the run as JSON")
+    show.set_defaults(func=cmd_runs_show)
+
+    bulk: list[tuple[BulkAction, Callable[[argparse.Namespace], int], str]] = [
+            ("cancel", cmd_runs_cancel, "cancel a pending/waiting run; ask a running one to "
+             "stop (or all matching the filter flags)"),
+            ("retry", cmd_runs_retry, "put a failed, canceled or timed-out run back in line "
+             "(or all matching the filter flags)"),
+            ("delete", cmd_runs_delete, "delete a finished run (or all matching the filter "
+             "flags)"),
+            ("reschedule", cmd_runs_reschedule, "move a pending run to --run-at (or all "
+             "matching the filter flags)")]
+    for name, func, text in bulk:
         action = actions.add_parser(name, help=text)
-        action.add_argument("run_id", metavar="ID")
-        action.add_argument("--json", action="store_true", help="print the run as JSON")
+        add_bulk_arguments(action, name)
         action.set_defaults(func=func)
+
+    replay = actions.add_parser("replay", help="run a finished durable run again from a step, "
+                                "reusing the steps recorded before it")
+    replay.add_argument("run_id", metavar="ID")
+    replay.add_argument("--from-step", required=True, metavar="STEP",
+                        help="the step id to run again from (see `notifyq runs show ID`)")
+    replay.add_argument("--json", action="store_true", help="print the run as JSON")
+    replay.set_defaults(func=cmd_runs_replay)
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -128,17 +155,7 @@ def _read_input(text: str | None) -> Any:
 
 
 def _parse_run_at(text: str | None) -> datetime | None:
-    if text is None:
-        return None
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidEnqueue(f"--run-at {text!r} is not an ISO 8601 time "
-                             "(e.g. 2030-01-01T09:00:00+00:00)") from None
-    if value.tzinfo is None:
-        raise InvalidEnqueue(f"--run-at {text!r} has no UTC offset; add one "
-                             "(e.g. +00:00 or Z) so the time is unambiguous")
-    return value.astimezone(UTC)
+    return parse_time("--run-at", text)
 
 
 def _parse_int(flag: str, text: str | None) -> int | None:
@@ -151,17 +168,14 @@ def _parse_int(flag: str, text: str | None) -> int | None:
 
 
 def cmd_runs_list(args: argparse.Namespace) -> int:
-    if args.status is not None and args.status not in set(RunStatus):
-        raise NotifyqError(f"--status {args.status!r} is not a status: choose from "
-                           + ", ".join(s.value for s in RunStatus))
+    where = filter_of(args)
     limit = _parse_int("--limit", args.limit)
     assert limit is not None  # noqa: S101 - the flag has a default
     if not 1 <= limit <= LIST_LIMIT_MAX:
         raise NotifyqError(f"--limit must be between 1 and {LIST_LIMIT_MAX}, got {limit}")
 
     async def go(app: App, conn: AsyncConn) -> int:
-        runs = await app._control.list_runs(conn, status=args.status, job_type=args.job_type,
-                                        pool=args.pool, tag=args.tag, limit=limit)
+        runs = await app._control.list_filtered(conn, where, limit=limit)
         if args.json:
             print_json([r.to_json() for r in runs])
         else:
@@ -184,8 +198,18 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     return with_conn(go)
 
 
+def _single(args: argparse.Namespace) -> UUID | None:
+    """The run id when the command is about one run and nothing else (the one-run path)."""
+    if args.run_id is None or args.all or args.dry_run or any(
+            getattr(args, flag) is not None for flag in FILTER_FLAGS):
+        return None
+    return _parse_run_id(args.run_id)
+
+
 def cmd_runs_cancel(args: argparse.Namespace) -> int:
-    run_id = _parse_run_id(args.run_id)
+    run_id = _single(args)
+    if run_id is None:
+        return bulk_command("cancel", args, _optional_id(args))
 
     async def go(app: App, conn: AsyncConn) -> int:
         run = await app._control.cancel(conn, run_id)
@@ -200,7 +224,9 @@ def cmd_runs_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_retry(args: argparse.Namespace) -> int:
-    run_id = _parse_run_id(args.run_id)
+    run_id = _single(args)
+    if run_id is None:
+        return bulk_command("retry", args, _optional_id(args))
 
     async def go(app: App, conn: AsyncConn) -> int:
         run = await app._control.retry(conn, run_id)
@@ -211,6 +237,32 @@ def cmd_runs_retry(args: argparse.Namespace) -> int:
                   f"of {run.max_attempts})")
         return 0
     return with_conn(go)
+
+
+def cmd_runs_replay(args: argparse.Namespace) -> int:
+    run_id = _parse_run_id(args.run_id)
+
+    async def go(app: App, conn: AsyncConn) -> int:
+        done = await app._control.replay(conn, run_id, args.from_step)
+        if args.json:
+            print_json(done.to_json())
+        else:
+            print(f"run {run_id} is pending again from step {args.from_step!r}: "
+                  f"{done.kept} earlier steps reused, {done.dropped} to run again")
+        return 0
+    return with_conn(go)
+
+
+def cmd_runs_delete(args: argparse.Namespace) -> int:
+    return bulk_command("delete", args, _optional_id(args))
+
+
+def cmd_runs_reschedule(args: argparse.Namespace) -> int:
+    return bulk_command("reschedule", args, _optional_id(args))
+
+
+def _optional_id(args: argparse.Namespace) -> UUID | None:
+    return None if args.run_id is None else _parse_run_id(args.run_id)
 
 
 def _parse_run_id(text: str) -> UUID:
@@ -285,6 +337,25 @@ def cmd_stats(args: argparse.Namespace) -> int:
             print_json(summary)
         else:
             print(_stats_text(summary))
+        return 0
+    return with_conn(go)
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        workers = await app._control.list_workers(conn)
+        if args.json:
+            print_json(workers.to_json())
+            return 0
+        rows = [[w["id"], ",".join(w["pools"]), f"{w['running']}/{w['concurrency']}",
+                 w["version"], when(w["started_at"]), when(w["heartbeat_at"])]
+                for w in workers.items]
+        print(table(["WORKER", "POOLS", "RUNNING", "VERSION", "STARTED", "HEARTBEAT"], rows)
+              if rows else "no worker alive")
+        for leader in workers.leaders:
+            state = "leads" if leader["alive"] else "led (lease expired)"
+            print(f"{leader['name']}: {leader['leader_id']} {state} until "
+                  f"{when(leader['expires_at'])}")
         return 0
     return with_conn(go)
 

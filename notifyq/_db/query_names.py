@@ -29,6 +29,7 @@ class QueryNames:
     job_run_enqueue: LiteralString
     job_run_insert_many: LiteralString
     job_run_insert_bulk: LiteralString
+    job_run_trace_context_set: LiteralString
     job_run_input_size: LiteralString
     job_run_notify: LiteralString
     job_run_claim: LiteralString
@@ -53,9 +54,14 @@ class QueryNames:
     job_run_count: LiteralString
     job_run_cancel_many: LiteralString
     job_run_retry_many: LiteralString
+    job_run_delete_many: LiteralString
+    job_run_reschedule_many: LiteralString
     job_run_pool_overview: LiteralString
     job_run_series: LiteralString
     job_run_read_no_jit: LiteralString
+    job_run_await: LiteralString
+    job_run_get_for_update: LiteralString
+    job_run_replay: LiteralString
 
     # db/queries/job_signal.sql
     job_signal_send: LiteralString
@@ -65,6 +71,7 @@ class QueryNames:
     # db/queries/job_step.sql
     job_step_list: LiteralString
     job_step_record: LiteralString
+    job_step_replay_from: LiteralString
 
     # db/queries/key.sql
     key_version_register: LiteralString
@@ -104,10 +111,19 @@ class QueryNames:
     notifier_listen: LiteralString
     notifier_ping: LiteralString
 
+    # db/queries/pause.sql
+    pause_set: LiteralString
+    pause_clear: LiteralString
+    pause_list: LiteralString
+
     # db/queries/periodic.sql
+    periodic_schedule_register: LiteralString
+    periodic_schedule_state: LiteralString
     periodic_tick_enqueue: LiteralString
     periodic_tick_prune: LiteralString
-    periodic_tick_latest: LiteralString
+    periodic_schedule_list: LiteralString
+    periodic_schedule_pause: LiteralString
+    periodic_schedule_resume: LiteralString
 
     # db/queries/webhook_attempt.sql
     webhook_attempt_record_many: LiteralString
@@ -145,3 +161,10 @@ class QueryNames:
     webhook_secret_insert: LiteralString
     webhook_secret_expire: LiteralString
     webhook_secret_expiry: LiteralString
+
+    # db/queries/worker.sql
+    worker_register: LiteralString
+    worker_heartbeat: LiteralString
+    worker_leave: LiteralString
+    worker_list: LiteralString
+    worker_reap_expired: LiteralString

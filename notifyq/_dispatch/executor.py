@@ -36,6 +36,7 @@ from notifyq._errors import LeaseLost, UnknownJobType
 from notifyq._policies import RetryPolicy
 from notifyq._registry import HandlerSpec, Registry
 from notifyq._run import RunInfo
+from notifyq._tracing import Claimed, finished, processing
 
 log = logging.getLogger("notifyq.executor")
 
@@ -53,6 +54,9 @@ class Execution:
     reason: StopReason | None = None
     db_offset: timedelta | None = None
     """The database clock minus this host's clock, measured at claim (None: unknown)."""
+    claimed_at: datetime | None = None
+    trace_context: dict[str, str] | None = None
+    """The enqueue's W3C trace context (OpenTelemetry), continued by the handler's spans."""
 
     @classmethod
     def from_claim(cls, row: dict[str, Any], *, host_now: datetime | None = None) -> Execution:
@@ -65,7 +69,8 @@ class Execution:
             timeout_s=row["timeout_s"], parent_run_id=row["parent_run_id"],
             root_run_id=row["root_run_id"])
         execution = cls(run, row["fence"], row["input"])
-        claimed_at = row.get("claimed_at")
+        execution.trace_context = row.get("trace_context")
+        execution.claimed_at = claimed_at = row.get("claimed_at")
         if host_now is not None and claimed_at is not None:
             execution.db_offset = claimed_at - host_now
         if row["cancel_requested_at"] is not None:
@@ -80,6 +85,12 @@ class Execution:
     def log_extra(self) -> dict[str, str]:
         """``extra`` for log lines about this run (JSON logs carry them as fields)."""
         return {"run_id": str(self.run.id), "run_type": self.run.job_type}
+
+    def claimed(self) -> Claimed:
+        """What the OpenTelemetry spans and metrics need (notifyq/_tracing.py)."""
+        run = self.run
+        return Claimed(run.id, run.job_type, run.pool, run.attempt, run.run_at, self.claimed_at,
+                       self.db_offset, self.trace_context)
 
     def stop(self, reason: StopReason) -> None:
         """Interrupt the handler; the first reason given wins."""
@@ -112,17 +123,22 @@ class Executor:
         """Run the handler, then write its outcome. ``handler_done`` is called in between, so
         the worker can hand the slot to the next claim while the write-back is in flight."""
         spec = self._registry.get(execution.run.job_type)
-        started = time.monotonic()
-        result = await self._invoke(spec, execution)
-        elapsed = time.monotonic() - started
-        handler_done()
-        if result is None:
-            log.debug("run %s: lease lost while running; result dropped", execution.id,
-                      extra=execution.log_extra)
-            self._count("lease_lost", execution, elapsed)
-            return
-        policy = spec.retry if spec else _DEFAULT_POLICY
-        outcome = self._decide(execution, result, policy)
+        with processing(execution.claimed) as span:
+            started = time.monotonic()
+            result = await self._invoke(spec, execution)
+            elapsed = time.monotonic() - started
+            handler_done()
+            if result is None:
+                log.debug("run %s: lease lost while running; result dropped", execution.id,
+                          extra=execution.log_extra)
+                self._count("lease_lost", execution, elapsed)
+                return
+            policy = spec.retry if spec else _DEFAULT_POLICY
+            outcome = self._decide(execution, result, policy)
+            if span is not None:
+                span.decided(outcome=outcome.status.value,
+                             error=result.error if isinstance(result, Raised) else None,
+                             timed_out=isinstance(result, TimedOut))
         try:
             await self._completer.write(execution.id, execution.fence, outcome)
         except LeaseLost:
@@ -200,5 +216,6 @@ class Executor:
 
     def _count(self, key: str, execution: Execution, elapsed: float) -> None:
         self.counts[key] = self.counts.get(key, 0) + 1
+        finished(execution.run.job_type, execution.run.pool, key, elapsed)
         if self.observer is not None:
             self.observer(execution, key, elapsed)

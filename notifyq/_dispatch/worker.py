@@ -35,6 +35,7 @@ from notifyq._maintenance.scheduler import Scheduler
 from notifyq._notifier import Notifier
 from notifyq._registry import Registry
 from notifyq._settings import Settings
+from notifyq._version import VERSION
 
 log = logging.getLogger("notifyq.worker")
 
@@ -57,6 +58,8 @@ class Worker:
         self._settings = settings
         self._registry = registry
         self._burst = burst
+        self._pools = pools
+        self._concurrency = concurrency
         cfg = settings.worker
         self.slots = Slots(concurrency)
         self.completer = Completer(db, queries, clock, batch_max=cfg.completer_batch_max,
@@ -105,6 +108,7 @@ class Worker:
     async def _serve(self) -> None:
         with anyio.CancelScope(shield=True):
             try:
+                await self._register()
                 async with anyio.create_task_group() as core:
                     core.start_soon(self.completer.run)
                     core.start_soon(self._heartbeat)
@@ -212,10 +216,13 @@ class Worker:
         while True:
             await anyio.sleep(interval)
             running = list(self.active.values())
-            if not running:
-                continue
             try:
                 async with self._db.connection() as conn:
+                    cur = await conn.execute(self._q.worker_heartbeat, self._registration())
+                    if await cur.fetchone() is None:  # the reaper took us for dead: back in
+                        await conn.execute(self._q.worker_register, self._registration())
+                    if not running:
+                        continue
                     cur = await conn.execute(self._q.job_run_heartbeat_many, {
                         "now": self._clock.db_now(), "lease_s": self._settings.worker.lease_s,
                         "ids": [e.id for e in running], "fences": [e.fence for e in running]})
@@ -230,6 +237,23 @@ class Worker:
                     execution.stop("lost")
                 elif rows[execution.id]:
                     execution.stop("canceled")
+
+    def _registration(self) -> dict[str, Any]:
+        """This worker's row in the registry (``worker``): alive for one lease past each
+        heartbeat."""
+        host, pid, _ = self.id.split(":", 2)
+        return {"id": self.id, "host": host, "pid": int(pid), "version": VERSION,
+                "pools": self._pools, "concurrency": self._concurrency,
+                "running": len(self.active), "now": self._clock.db_now(),
+                "ttl_s": self._settings.worker.lease_s}
+
+    async def _register(self) -> None:
+        try:
+            async with self._db.connection() as conn:
+                await conn.execute(self._q.worker_register, self._registration())
+        except psycopg.OperationalError as exc:  # the heartbeat registers once it can
+            log.warning("could not register the worker (%s); retrying with the heartbeat",
+                        type(exc).__name__)
 
     def _on_notification(self, payload: str) -> None:
         kind, _, value = payload.partition(":")
@@ -256,5 +280,7 @@ class Worker:
     async def _resign(self) -> None:
         try:
             await self.elector.resign()
+            async with self._db.connection() as conn:
+                await conn.execute(self._q.worker_leave, {"id": self.id})
         except psycopg.Error:
-            log.debug("could not resign leadership; it expires by itself")
+            log.debug("could not resign leadership or leave the registry; both expire")

@@ -38,6 +38,7 @@ from notifyq._errors import ChildFailed, LeaseLost, StepError, WaitTimeout
 from notifyq._limits import MAX_STEP_ID_LEN
 from notifyq._policies import ClosePolicy, ReplayFrom, RetryPolicy
 from notifyq._run import RunInfo, RunStatus, error_json
+from notifyq._tracing import child_span
 
 FOREVER = datetime(2999, 12, 31, tzinfo=UTC)
 """The run_at of a wait without a deadline (woken by its children or its signal)."""
@@ -88,9 +89,17 @@ class DurableSession:
 
     async def step(self, step_id: str, fn: Callable[[], Any], *, retry: RetryPolicy | None,
                    timeout_s: float | None) -> Any:
+        with child_span(f"step {step_id}", {"notifyq.step.id": step_id,
+                                            "messaging.message.id": str(self._run.id)}) as span:
+            return await self._step(step_id, fn, retry=retry, timeout_s=timeout_s, span=span)
+
+    async def _step(self, step_id: str, fn: Callable[[], Any], *, retry: RetryPolicy | None,
+                    timeout_s: float | None, span: Any) -> Any:
         seq = self._next(step_id)
         memo = await self._recorded(step_id)
         if memo is not None and self._reusable(memo):
+            if span is not None:
+                span.set_attribute("notifyq.step.memoized", True)
             return memo["output"]
         started = self._now()
         policy = retry or _ONCE
@@ -108,6 +117,8 @@ class DurableSession:
                                        started=started)
                     raise
                 await anyio.sleep(policy.delay_s(attempt))
+        if span is not None:
+            span.set_attribute("notifyq.step.attempts", attempt)
         text = _dump(step_id, value)
         await self._record(step_id, seq, kind="step", status="completed", output=text,
                            error=None, attempts=attempt, started=started)

@@ -102,10 +102,12 @@ class Batch:
             out.append(next(runs) if keyed is None else keyed)
         return out
 
-    def params(self) -> tuple[list[UUID], dict[str, Any]]:
-        """New ids for the plain rows, and ``job_run_insert_bulk``'s parameters."""
+    def params(self, trace_context: str | None = None) -> tuple[list[UUID], dict[str, Any]]:
+        """New ids for the plain rows, and ``job_run_insert_bulk``'s parameters;
+        ``trace_context``: the enqueue's, for every row (see notifyq/_tracing.py)."""
         ids = self._ids()
-        rows = ",".join([f'{{"id":"{run_id.int:032x}",{head}"input":{text}}}'
+        traced = f'"trace_context":{trace_context},' if trace_context is not None else ""
+        rows = ",".join([f'{{"id":"{run_id.int:032x}",{traced}{head}"input":{text}}}'
                          for run_id, head, text in zip(ids, self._heads(), self.inputs,
                                                        strict=True)])
         types = list(dict.fromkeys(s[0] for s in self._shapes))

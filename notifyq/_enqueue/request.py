@@ -86,8 +86,9 @@ class Prepared:
             "dedupe_states": list(r.dedupe_states) if r.dedupe_states is not None else None,
         }
 
-    def record(self) -> str:
-        """This request as one element of the bulk insert's jsonb array."""
+    def record(self, trace_context: str | None = None) -> str:
+        """This request as one element of the bulk insert's jsonb array; ``trace_context``:
+        the enqueue's W3C trace context as a JSON object (see notifyq/_tracing.py)."""
         r = self.request
         fields_ = {
             "id": str(self.id), "job_type": r.job_type, "pool": r.pool, "priority": r.priority,
@@ -100,7 +101,8 @@ class Prepared:
         # key it is sent (~0.25 us of server time a key).
         head = json.dumps({k: v for k, v in fields_.items() if v is not None},
                           separators=(",", ":"))
-        return f'{head[:-1]},"input":{self.input_json}}}'
+        traced = f'"trace_context":{trace_context},' if trace_context is not None else ""
+        return f'{head[:-1]},{traced}"input":{self.input_json}}}'
 
 
 def prepare(request: EnqueueRequest, max_input_bytes: int = MAX_INPUT_BYTES) -> Prepared:

@@ -35,6 +35,7 @@ from notifyq._policies import key_for
 from notifyq._registry import HandlerSpec, Registry
 from notifyq._run import Run
 from notifyq._runtime import Runtime
+from notifyq._tracing import Sending, sending
 
 AnyConn = psycopg.AsyncConnection[Any]
 
@@ -56,16 +57,19 @@ class Enqueuer:
         when it commits."""
         prepared = self.prepare(request)
         accept = self.accepts(request.job_type, allow_unknown_type)
-        if conn is not None:
-            run = await self._write_one(conn, prepared, notify=True, accept=accept)
-            return run, run.id == prepared.id
-        pool = await self._rt.pool()
-        waker = self._waker_of(pool)
-        with waker.enqueueing() as inline:
-            async with pool.connection() as own:
-                run = await self._write_one(own, prepared, notify=inline, accept=accept)
-        if not inline:
-            await waker.wake({run.pool})
+        with sending(request.job_type) as send:
+            if conn is not None:
+                run = await self._write_one(conn, prepared, notify=True, accept=accept,
+                                            send=send)
+                return run, run.id == prepared.id
+            pool = await self._rt.pool()
+            waker = self._waker_of(pool)
+            with waker.enqueueing() as inline:
+                async with pool.connection() as own:
+                    run = await self._write_one(own, prepared, notify=inline, accept=accept,
+                                                send=send)
+            if not inline:
+                await waker.wake({run.pool})
         return run, run.id == prepared.id
 
     def enqueue_sync(self, request: EnqueueRequest, *, conn: psycopg.Connection[Any] | None = None,
@@ -75,10 +79,25 @@ class Enqueuer:
         prepared = self.prepare(request)
         params = prepared.params(
             notify=True, allow_unknown_type=self.accepts(request.job_type, allow_unknown_type))
-        if conn is not None:
-            return _enqueue_sync_on(conn, self._q.job_run_enqueue, params)
-        with self._rt.sync_pool().connection() as own:
-            return _enqueue_sync_on(own, self._q.job_run_enqueue, params)
+        with sending(request.job_type) as send:
+            if conn is not None:
+                return self._enqueue_sync_on(conn, params, send)
+            with self._rt.sync_pool().connection() as own:
+                return self._enqueue_sync_on(own, params, send)
+
+    def _enqueue_sync_on(self, conn: psycopg.Connection[Any], params: dict[str, Any],
+                         send: Sending | None) -> Run:
+        if send is None or send.trace_context is None:
+            run = _enqueue_sync_on(conn, self._q.job_run_enqueue, params)
+        else:
+            with conn.transaction():
+                run = _enqueue_sync_on(conn, self._q.job_run_enqueue, params)
+                if run.id == params["id"]:
+                    conn.execute(self._q.job_run_trace_context_set, {
+                        "id": run.id, "trace_context": send.trace_context})
+        if send is not None:
+            send.sent([(run.id, run.job_type, run.pool)])
+        return run
 
     async def enqueue_many(self, items: Iterable[EnqueueRequest | Mapping[str, Any]], *,
                            conn: AnyConn | None = None,
@@ -88,17 +107,18 @@ class Enqueuer:
         batch = self._batch(coerce_requests(items))
         if not batch:
             return []
-        if conn is not None:
-            async with conn.transaction():
-                runs = await self._write_batch(conn, batch, allow_unknown_type)
-                await conn.execute(self._q.job_run_notify, {
-                    "channel": self._q.schema,
-                    "payloads": [wake_payload(p) for p in {r.pool for r in runs}]})
-            return runs
-        pool = await self._rt.pool()
-        async with pool.connection() as own, own.transaction():
-            runs = await self._write_batch(own, batch, allow_unknown_type)
-        await self._waker_of(pool).wake({r.pool for r in runs})
+        with sending(None, len(batch)) as send:
+            if conn is not None:
+                async with conn.transaction():
+                    runs = await self._write_batch(conn, batch, allow_unknown_type, send)
+                    await conn.execute(self._q.job_run_notify, {
+                        "channel": self._q.schema,
+                        "payloads": [wake_payload(p) for p in {r.pool for r in runs}]})
+                return runs
+            pool = await self._rt.pool()
+            async with pool.connection() as own, own.transaction():
+                runs = await self._write_batch(own, batch, allow_unknown_type, send)
+            await self._waker_of(pool).wake({r.pool for r in runs})
         return runs
 
     def accepts(self, job_type: str, allow_unknown_type: bool | None) -> bool:
@@ -141,13 +161,22 @@ class Enqueuer:
         return batch
 
     async def _write_one(self, conn: AnyConn, prepared: Prepared, *, notify: bool,
-                         accept: bool) -> Run:
+                         accept: bool, send: Sending | None) -> Run:
+        run = await self._write_one_traced(conn, prepared, notify=notify, accept=accept,
+                                           trace_context=_trace_context_of(send))
+        if send is not None:
+            send.sent([(run.id, run.job_type, run.pool)])
+        return run
+
+    async def _write_one_traced(self, conn: AnyConn, prepared: Prepared, *, notify: bool,
+                                accept: bool, trace_context: str | None) -> Run:
         if prepared.request.needs_locks:
-            return await self._write_keyed(conn, prepared, notify=notify, accept=accept)
+            return await self._write_keyed(conn, prepared, notify=notify, accept=accept,
+                                           trace_context=trace_context)
         with translated_errors():
             async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(self._q.job_run_insert_many, {
-                    "rows": f"[{prepared.record()}]", "notify": notify,
+                    "rows": f"[{prepared.record(trace_context)}]", "notify": notify,
                     "channel": self._q.schema,
                     "accept_types": [prepared.request.job_type] if accept else None})
                 row = await cur.fetchone()
@@ -157,18 +186,40 @@ class Enqueuer:
         return Run.from_row(row)
 
     async def _write_keyed(self, conn: AnyConn, prepared: Prepared, *, notify: bool,
-                           accept: bool) -> Run:
+                           accept: bool, trace_context: str | None = None) -> Run:
+        if trace_context is None:
+            return await self._call_enqueue(conn, prepared, notify=notify, accept=accept)
+        # _enqueue takes no trace context: set it in the same transaction, before any worker
+        # can claim the run (only when a tracer is installed).
+        async with conn.transaction():
+            run = await self._call_enqueue(conn, prepared, notify=notify, accept=accept)
+            if run.id == prepared.id:  # created, not a dedupe hit
+                await conn.execute(self._q.job_run_trace_context_set, {
+                    "id": run.id, "trace_context": trace_context})
+        return run
+
+    async def _call_enqueue(self, conn: AnyConn, prepared: Prepared, *, notify: bool,
+                            accept: bool) -> Run:
         with translated_errors():
             async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(self._q.job_run_enqueue,
                                   prepared.params(notify=notify, allow_unknown_type=accept))
                 return _enqueued(await cur.fetchone())
 
-    async def _write_batch(self, conn: AnyConn, batch: Batch,
-                           allow_unknown_type: bool | None) -> list[Run]:
+    async def _write_batch(self, conn: AnyConn, batch: Batch, allow_unknown_type: bool | None,
+                           send: Sending | None = None) -> list[Run]:
+        runs = await self._write_batch_traced(conn, batch, allow_unknown_type,
+                                              _trace_context_of(send))
+        if send is not None:
+            send.sent([(r.id, r.job_type, r.pool) for r in runs])
+        return runs
+
+    async def _write_batch_traced(self, conn: AnyConn, batch: Batch,
+                                  allow_unknown_type: bool | None,
+                                  trace_context: str | None) -> list[Run]:
         plain: list[Run] = []
         if batch.requests:
-            ids, params = batch.params()
+            ids, params = batch.params(trace_context)
             params["accept_types"] = [t for t in params["types"]
                                       if self.accepts(t, allow_unknown_type)] or None
             with translated_errors():
@@ -179,7 +230,7 @@ class Enqueuer:
                 raise (await self._too_large(conn, batch.inputs))  # the batch back
             plain = batch.runs(ids, summary)
         return [await self._write_keyed(conn, at, notify=False, accept=self.accepts(
-                    at.request.job_type, allow_unknown_type))
+                    at.request.job_type, allow_unknown_type), trace_context=trace_context)
                 if isinstance(at, Prepared) else at
                 for at in batch.order(plain)]
 
@@ -237,3 +288,7 @@ def _enqueued(row: dict[str, Any] | None) -> Run:
     if row is None:  # pragma: no cover - _enqueue always returns a row
         raise RuntimeError("enqueue returned no row")
     return Run.from_row(row)
+
+
+def _trace_context_of(send: Sending | None) -> str | None:
+    return send.trace_context if send is not None else None

@@ -2,7 +2,7 @@
 
 Counters and histograms count what this process did (runs it finished, by type and outcome);
 the gauges are read from the database at scrape time and are cluster-wide (queue depth and the
-age of the oldest runnable run per pool, runs by type and status).
+age of the oldest runnable run per pool, runs by type and status, paused pools and types).
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ class Metrics:
                             "runnable run has waited", ["pool"], registry=r)
         self.runs = Gauge("notifyq_runs", "Runs in the table by type, pool and status",
                           ["job_type", "pool", "status"], registry=r)
+        self.paused = Gauge("notifyq_paused", "1 for each paused pool (kind=pool) and job "
+                            "type (kind=type): workers claim none of their runs",
+                            ["kind", "name"], registry=r)
         self.webhook_attempts = Counter(
             "notifyq_webhook_attempts", "Webhook attempts made by this process, by outcome "
             "(2xx, 3xx, 4xx, 5xx, or the error kind: timeout, connect, dns, tls, blocked)",
@@ -91,8 +94,10 @@ class Metrics:
         """The exposition text; ``stats`` (None: the database was unreachable) refreshes the
         gauges first."""
         if stats is not None:
-            for gauge in (self.depth, self.oldest, self.runs):
+            for gauge in (self.depth, self.oldest, self.runs, self.paused):
                 gauge.clear()
+            for pause in stats.paused:
+                self.paused.labels(pause.kind, pause.name).set(1)
             for backlog in stats.runnable:
                 self.depth.labels(backlog.pool).set(backlog.runnable)
                 self.oldest.labels(backlog.pool).set(backlog.oldest_age_s)

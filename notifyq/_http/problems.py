@@ -24,6 +24,7 @@ from notifyq._errors import (
     PayloadTooLarge,
     RotationInProgress,
     RunNotFound,
+    ScheduleNotFound,
     SchemaError,
 )
 
@@ -93,6 +94,10 @@ async def _not_found(_: Request, exc: Exception) -> ProblemResponse:
     return problem(404, str(exc), field="id")
 
 
+async def _schedule_not_found(_: Request, exc: Exception) -> ProblemResponse:
+    return problem(404, str(exc), field="name")
+
+
 async def _transition(_: Request, exc: Exception) -> ProblemResponse:
     return problem(409, str(exc), field="id")
 
@@ -131,6 +136,7 @@ def install(api: FastAPI) -> None:
     api.add_exception_handler(RequestValidationError, _validation)
     api.add_exception_handler(HTTPException, _http)
     api.add_exception_handler(RunNotFound, _not_found)
+    api.add_exception_handler(ScheduleNotFound, _schedule_not_found)
     api.add_exception_handler(InvalidTransition, _transition)
     api.add_exception_handler(RotationInProgress, _transition)
     api.add_exception_handler(SchemaError, _schema)

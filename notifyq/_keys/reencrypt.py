@@ -36,6 +36,7 @@ from notifyq._errors import DecryptionFailed, Permanent, StaleWriters
 from notifyq._keys.admin import REENCRYPT, KeyAdmin, progress_json
 from notifyq._keys.columns import ColumnQueries, EncryptedColumn
 from notifyq._runtime import Runtime
+from notifyq._tracing import child_span
 
 if TYPE_CHECKING:
     from notifyq._context import JobContext
@@ -180,6 +181,19 @@ class _ColumnRotation:
                 delay = min(delay * 2, _RETRY_MAX_S)
 
     async def _batch(self, progress: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        with child_span("key rotation batch", {
+                "notifyq.key.column": self.column.name,
+                "notifyq.key.target_version": self.options.target_version,
+                "notifyq.key.pass": progress["pass"]}) as span:
+            new, full = await self._batch_once(progress)
+            if span is not None:
+                span.set_attributes({
+                    "notifyq.key.batch.reencrypted": new["reencrypted"] - progress["reencrypted"],
+                    "notifyq.key.batch.conflicts": new["conflicts"] - progress["conflicts"],
+                    "notifyq.key.batch.full": full})
+            return new, full
+
+    async def _batch_once(self, progress: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """One transaction: read a page, swap what decrypts, record what does not, and
         checkpoint. Returns the new progress and whether the page was full."""
         limit = self.options.batch_size

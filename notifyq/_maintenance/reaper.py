@@ -2,7 +2,8 @@
 heartbeating — go back to ``pending`` (or to ``failed`` when out of attempts).
 
 Expiry is re-checked inside the UPDATE, so a heartbeat that commits first keeps the run.
-Reaped runs' pools get a NOTIFY so an idle worker picks them up at once.
+Reaped runs' pools get a NOTIFY so an idle worker picks them up at once. The registry rows of
+workers that stopped heartbeating go too.
 """
 
 from __future__ import annotations
@@ -40,4 +41,8 @@ class Reaper:
             for row in rows:
                 counts[row["status"]] += 1
             if len(rows) < self.config.batch_size:
-                return counts
+                break
+        async with self._db.connection() as conn:
+            cur = await conn.execute(self._q.worker_reap_expired, {"now": self._clock.db_now()})
+            counts["workers"] = len(await cur.fetchall())
+        return counts

@@ -14,7 +14,6 @@ from __future__ import annotations
 import secrets
 import time
 import urllib.parse
-from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
@@ -39,20 +38,14 @@ from notifyq._ui.web import (
     same_origin,
 )
 from notifyq._ui.webhooks import add_webhook_pages
+from notifyq._version import VERSION
 
 PRE_COOKIE = "nq_signin"
 """A random value set with the sign-in form and sent back with it (a login CSRF guard)."""
 
 
-def _version() -> str:
-    try:
-        return version("notifyq")
-    except PackageNotFoundError:  # pragma: no cover - a checkout without metadata
-        return "dev"
-
-
 def create_ui(app: App, auth: Authenticator) -> FastAPI:
-    ui = Ui(environment(), Sessions(auth), _version())
+    ui = Ui(environment(), Sessions(auth), VERSION)
     web = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     web.state.ui = ui
     web.mount("/static", StaticFiles(directory=STATIC), name="static")

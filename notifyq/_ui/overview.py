@@ -1,6 +1,7 @@
 """The overview: per pool what is runnable, scheduled, running, waiting and failed in the last
-hour, the oldest runnable run's age, workers and leaders; charts of the last hour per minute.
-The panels refresh every few seconds (htmx), the charts from their JSON (uPlot)."""
+hour, the oldest runnable run's age, whether it is paused (with pause/resume for admins),
+workers and leaders; charts of the last hour per minute. The panels refresh every few seconds
+(htmx), the charts from their JSON (uPlot)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from notifyq._app import App
-from notifyq._ui.web import SECURITY_HEADERS, Signed, Ui
+from notifyq._limits import POOL
+from notifyq._ui.web import SECURITY_HEADERS, Problem, Signed, Ui, redirect
 
 REFRESH_S = 2
 
@@ -44,3 +46,16 @@ def add_overview_pages(router: APIRouter, app: App, ui: Ui) -> None:
                 "p50": [r["latency_p50_s"] for r in rows],
                 "p95": [r["latency_p95_s"] for r in rows]}
         return JSONResponse(data, headers=SECURITY_HEADERS)
+
+    @router.post("/pools/{pool}/{action}")
+    async def pause_or_resume(request: Request, pool: str, action: str) -> Response:
+        await ui.form(request)  # admin, Origin, CSRF
+        if not POOL.fullmatch(pool):
+            raise Problem(422, "Not a pool name", f"{pool!r} must match {POOL.pattern}")
+        if action == "pause":
+            await app.pause(pool=pool, reason="paused from the dashboard")
+        elif action == "resume":
+            await app.resume(pool=pool)
+        else:
+            raise Problem(404, "Not found", f"no action {action!r}")
+        return redirect(request, "/")

@@ -33,6 +33,7 @@ import psycopg
 
 from notifyq._db.batcher import Batcher
 from notifyq._errors import Permanent, Snooze, WebhookNotFound
+from notifyq._tracing import child_span, mark_error, webhook_attempt
 from notifyq._webhooks.endpoints import RESERVED_HEADERS
 from notifyq._webhooks.headers import unseal
 from notifyq._webhooks.schedule import Decision, decide
@@ -147,11 +148,20 @@ class Deliverer:
                         "webhook-id": message_id, "webhook-timestamp": str(timestamp),
                         "webhook-signature": signature_header(keys, message_id, timestamp,
                                                               body)})
-        result = await self.client().post(row["url"], headers, body)
-        if self.observer is not None:
-            self.observer(f"{result.status_code // 100}xx" if result.status_code is not None
-                          else result.error_kind or "connect")
         attempt = row["attempts"] + 1 if scheduled else row["attempts"]
+        with child_span("webhook attempt", {
+                "notifyq.webhook.endpoint_id": str(endpoint_id),
+                "notifyq.webhook.message_id": message_id, "notifyq.webhook.attempt": attempt,
+                "notifyq.webhook.trigger": trigger, "http.request.method": "POST"},
+                client=True) as span:
+            result = await self.client().post(row["url"], headers, body)
+            if span is not None:
+                _traced(span, result)
+        outcome = (f"{result.status_code // 100}xx" if result.status_code is not None
+                   else result.error_kind or "connect")
+        webhook_attempt(outcome)
+        if self.observer is not None:
+            self.observer(outcome)
         decision = decide(result, attempt if scheduled else len(
             app.settings.webhooks.retry_schedule_s), app.settings.webhooks, now, self._rng)
         return await self._record(row, run_id=run_id, trigger=trigger, attempt=attempt,
@@ -207,7 +217,7 @@ class Deliverer:
 
     def _custom_headers(self, row: dict[str, Any], keyring: Keyring) -> dict[str, str]:
         """The endpoint's headers with their values decrypted (kept by (endpoint, ciphertext)
-        like the signing keys); an endpoint written before 0009 still has them in clear."""
+        like the signing keys); an endpoint written before 0014 still has them in clear."""
         blob = row["header_values"]
         if blob is None:
             return dict(row["headers"] or {})
@@ -283,3 +293,13 @@ class Deliverer:
             raise Snooze(decision.delay_s)
         raise Permanent(RuntimeError(f"{where} failed: {outcome}"
                                      + (f"; endpoint disabled ({disabled})" if disabled else "")))
+
+
+def _traced(span: Any, result: AttemptResult) -> None:
+    """A webhook attempt's span: the status code, or the error kind (no URL: it may carry a
+    token)."""
+    if result.status_code is not None:
+        span.set_attribute("http.response.status_code", result.status_code)
+    if not result.succeeded:
+        mark_error(span, str(result.status_code) if result.status_code is not None
+                   else result.error_kind or "connect")

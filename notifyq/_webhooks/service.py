@@ -145,12 +145,12 @@ class Webhooks:
                               {"id": endpoint_id})
         if row is None:
             raise WebhookNotFound(f"no webhook endpoint {endpoint_id}")
-        if row["header_values"] is None:  # written before 0009: still in clear
+        if row["header_values"] is None:  # written before 0014: still in clear
             return dict(row["headers"] or {})
         return sealed.unseal(keyring, self.header_column, endpoint_id, row["header_values"])
 
     async def seal_clear_headers(self, *, batch: int = 500) -> int:
-        """Encrypt the header values of endpoints written before migration 0009 (a worker
+        """Encrypt the header values of endpoints written before migration 0014 (a worker
         with webhooks enabled does this at its start). Returns how many it sealed."""
         q = self._rt.queries
         done = 0

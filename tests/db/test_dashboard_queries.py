@@ -67,6 +67,29 @@ def test_cancel_many_asks_a_running_run_to_stop(db: Conn, q: Queries) -> None:
         "cancel_requested_at": T0}
 
 
+def test_delete_many_deletes_only_finished_runs_with_their_steps(db: Conn, q: Queries) -> None:
+    pending = _runs(db, q, 2)
+    failed = _fail(db, q, T0 + timedelta(seconds=1), 1)
+    db.execute("INSERT INTO notifyq.job_step (run_id, step_id, seq, kind, status) "
+               "VALUES (%s, 's', 1, 'step', 'completed')", (failed[0],))
+    deleted = db.execute(q.job_run_delete_many, {"ids": [*pending, *failed]}).fetchall()
+    assert [(r["id"], r["status"]) for r in deleted] == [(failed[0], "failed")]
+    assert db.execute("SELECT count(*) AS n FROM notifyq.job_run").fetchone() == {"n": 1}
+    assert db.execute("SELECT count(*) AS n FROM notifyq.job_step").fetchone() == {"n": 0}
+
+
+def test_reschedule_many_moves_only_pending_runs(db: Conn, q: Queries) -> None:
+    failed = _fail(db, q, T0 + timedelta(seconds=1), 1)
+    pending = _runs(db, q, 2)
+    later = T0 + timedelta(days=1)
+    moved = db.execute(q.job_run_reschedule_many, {"ids": [*pending, *failed], "run_at": later,
+                                                   "now": T0}).fetchall()
+    assert {r["id"] for r in moved} == set(pending)
+    rows = db.execute("SELECT status, run_at, updated_at FROM notifyq.job_run WHERE id = ANY(%s)",
+                      (pending,)).fetchall()
+    assert rows == [{"status": "pending", "run_at": later, "updated_at": T0}] * 2
+
+
 def test_the_pool_overview_counts_live_runs_and_the_last_hours_failures(
         db: Conn, q: Queries) -> None:
     now = T0 + timedelta(minutes=10)
@@ -111,17 +134,6 @@ def test_leader_list_says_whether_the_lease_is_alive(db: Conn, q: Queries) -> No
     assert (alive["leader_id"], alive["alive"]) == ("w1", True)
     [gone] = db.execute(q.leader_list, {"now": T0 + timedelta(seconds=20)}).fetchall()
     assert gone["alive"] is False
-
-
-def test_the_latest_tick_of_each_schedule_comes_with_its_runs_status(
-        db: Conn, q: Queries) -> None:
-    [a, b] = _runs(db, q, 2)
-    for name, tick, run in (("x@1000ms", T0, a), ("x@1000ms", T0 + timedelta(seconds=1), b),
-                            ("y@60000ms", T0, a)):
-        db.execute("INSERT INTO notifyq.periodic_tick VALUES (%s, %s, %s)", (name, tick, run))
-    rows = db.execute(q.periodic_tick_latest).fetchall()
-    assert [(r["name"], r["tick_at"], r["run_id"], r["status"]) for r in rows] == [
-        ("x@1000ms", T0 + timedelta(seconds=1), b, "pending"), ("y@60000ms", T0, a, "pending")]
 
 
 def test_endpoint_health_counts_recent_attempts_and_names_the_last_failure(

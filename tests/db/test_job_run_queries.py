@@ -114,6 +114,37 @@ def test_job_run_insert_bulk_inserts_compact_records_and_returns_the_definitions
     assert first["run_at"] == first["created_at"] == now["now"]
 
 
+TRACE = '{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'
+
+
+def test_a_trace_context_goes_in_with_the_record_and_comes_back_with_the_claim(
+        db: Conn, q: Queries) -> None:
+    traced, plain = (prepare(EnqueueRequest(job_type="t.a", input={"i": i})) for i in range(2))
+    db.execute(q.job_run_insert_many, {
+        "rows": f"[{traced.record(TRACE)},{plain.record()}]", "notify": False,
+        "channel": "notifyq", "accept_types": ["t.a"]})
+    bulk_id = uuid4()
+    db.execute(q.job_run_insert_bulk, {
+        "rows": json.dumps([{"id": str(bulk_id), "trace_context": json.loads(TRACE),
+                             "job_type": "t.a", "input": {}}]),
+        "types": ["t.a"], "accept_types": ["t.a"]})
+    claimed = {r["id"]: r["trace_context"] for r in claim(db, q, T0 + timedelta(hours=1))}
+    assert claimed == {traced.id: json.loads(TRACE), plain.id: None, bulk_id: json.loads(TRACE)}
+
+
+def test_job_run_trace_context_set_fills_a_run_without_one_and_keeps_an_existing_one(
+        db: Conn, q: Queries) -> None:
+    keyed = enqueue(db, q, dedupe_key="k", allow_unknown_type=True)
+    cur = db.execute(q.job_run_trace_context_set, {"id": keyed["id"], "trace_context": TRACE})
+    assert cur.rowcount == 1
+    other = TRACE.replace("b7ad", "c8be")
+    cur = db.execute(q.job_run_trace_context_set, {"id": keyed["id"], "trace_context": other})
+    assert cur.rowcount == 0
+    stored = db.execute("SELECT trace_context FROM notifyq.job_run WHERE id = %s",
+                        (keyed["id"],)).fetchone()
+    assert stored == {"trace_context": json.loads(TRACE)}
+
+
 def test_job_run_insert_bulk_leaves_out_an_input_too_large_as_jsonb_prints_it(
         db: Conn, q: Queries) -> None:
     records = [{"id": str(uuid4()), "job_type": "t.a", "input": {"n": [1e300] * 250}},

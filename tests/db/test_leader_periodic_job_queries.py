@@ -6,6 +6,9 @@ from datetime import timedelta
 from typing import Any
 from uuid import uuid4
 
+import psycopg
+import pytest
+
 from notifyq._db.queries import Queries
 from tests.db.conftest import T0
 from tests.db.helpers import DEFINITION, Conn, count, seconds
@@ -64,13 +67,28 @@ def test_leader_resign_frees_the_role_only_for_its_holder(db: Conn, q: Queries) 
     assert _elect(db, q, "b", T0 + seconds(1))
 
 
+def _register(db: Conn, q: Queries, name: str = "r.b@1000ms", **overrides: Any) -> None:
+    db.execute(q.periodic_schedule_register, {
+        "name": name, "job_type": "r.b", "every_ms": 1000, "cron": None, "tz": None,
+        "catch_up": False, **overrides})
+
+
 def _tick(db: Conn, q: Queries, tick_at: Any, name: str = "r.b@1000ms") -> list[dict[str, Any]]:
     return db.execute(q.periodic_tick_enqueue, {
         "name": name, "tick_at": tick_at, "run_id": uuid4(), "job_type": "r.b",
         "input": '{"k": 1}'}).fetchall()
 
 
+def _schedule(db: Conn, name: str = "r.b@1000ms") -> dict[str, Any]:
+    row = db.execute("SELECT * FROM notifyq.periodic_schedule WHERE name = %s",
+                     (name,)).fetchone()
+    assert row is not None
+    return row
+
+
 def test_periodic_tick_enqueue_enqueues_once_per_tick(db: Conn, q: Queries) -> None:
+    _register(db, q)
+    _register(db, q, "r.b@2000ms", every_ms=2000)
     first = _tick(db, q, T0)
     assert len(first) == 1
     assert _tick(db, q, T0) == []
@@ -84,9 +102,77 @@ def test_periodic_tick_enqueue_enqueues_once_per_tick(db: Conn, q: Queries) -> N
         "schedule", "r.b@1000ms", T0, {"k": 1})
     ticks = db.execute("SELECT count(*) AS n FROM notifyq.periodic_tick").fetchone()
     assert ticks == {"n": 3}
+    assert _schedule(db)["last_tick_at"] == T0 + seconds(1)
+
+
+def test_periodic_tick_enqueue_never_goes_back_before_the_last_tick(db: Conn, q: Queries) -> None:
+    _register(db, q)
+    assert len(_tick(db, q, T0 + seconds(5))) == 1
+    assert _tick(db, q, T0 + seconds(4)) == []  # a slower node's older tick
+    assert count(db) == 1
+
+
+def test_periodic_tick_enqueue_needs_a_registered_schedule(db: Conn, q: Queries) -> None:
+    assert _tick(db, q, T0) == []
+    assert count(db) == 0
+
+
+def test_a_paused_schedule_enqueues_nothing_and_resume_bars_the_paused_ticks(
+        db: Conn, q: Queries) -> None:
+    _register(db, q)
+    assert db.execute(q.periodic_schedule_pause, {"name": "r.b@1000ms", "now": T0}
+                      ).fetchone() == {"name": "r.b@1000ms", "paused_at": T0}
+    again = db.execute(q.periodic_schedule_pause,
+                       {"name": "r.b@1000ms", "now": T0 + seconds(9)}).fetchone()
+    assert again == {"name": "r.b@1000ms", "paused_at": T0}  # the first pause stays
+    assert _tick(db, q, T0 + seconds(1)) == []
+    resumed = db.execute(q.periodic_schedule_resume,
+                         {"name": "r.b@1000ms", "now": T0 + seconds(10)}).fetchone()
+    assert resumed == {"name": "r.b@1000ms", "resumed_at": T0 + seconds(10)}
+    assert _tick(db, q, T0 + seconds(2)) == []  # fell due while paused
+    assert len(_tick(db, q, T0 + seconds(10))) == 1
+    assert count(db) == 1
+    # Resuming a running schedule moves nothing.
+    db.execute(q.periodic_schedule_resume, {"name": "r.b@1000ms", "now": T0 + seconds(20)})
+    assert _schedule(db)["resumed_at"] == T0 + seconds(10)
+
+
+def test_pause_and_resume_of_an_unknown_schedule_return_no_row(db: Conn, q: Queries) -> None:
+    for query in (q.periodic_schedule_pause, q.periodic_schedule_resume):
+        assert db.execute(query, {"name": "nope", "now": T0}).fetchone() is None
+
+
+def test_periodic_schedule_register_updates_the_definition_but_keeps_the_state(
+        db: Conn, q: Queries) -> None:
+    _register(db, q, "daily", cron="0 9 * * *", tz="UTC", every_ms=None)
+    db.execute(q.periodic_schedule_pause, {"name": "daily", "now": T0})
+    _register(db, q, "daily", cron="0 9 * * MON-FRI", tz="Europe/Berlin", every_ms=None,
+              catch_up=True)
+    row = _schedule(db, "daily")
+    assert (row["cron"], row["tz"], row["catch_up"], row["paused_at"]) == (
+        "0 9 * * MON-FRI", "Europe/Berlin", True, T0)
+
+
+def test_a_schedule_has_exactly_one_cadence(db: Conn, q: Queries) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation, match="one_cadence"):
+        _register(db, q, "both", cron="0 9 * * *", tz="UTC")
+
+
+def test_periodic_schedule_state_and_list_read_the_rows(db: Conn, q: Queries) -> None:
+    _register(db, q)
+    _register(db, q, "daily", cron="0 9 * * *", tz="Europe/Berlin", every_ms=None)
+    [run] = _tick(db, q, T0)
+    state = db.execute(q.periodic_schedule_state, {"names": ["r.b@1000ms", "other"]}).fetchall()
+    assert state == [{"name": "r.b@1000ms", "paused_at": None, "resumed_at": None,
+                      "last_tick_at": T0}]
+    listed = db.execute(q.periodic_schedule_list).fetchall()
+    assert [(r["name"], r["cron"], r["tz"], r["last_run_id"], r["last_status"])
+            for r in listed] == [("daily", "0 9 * * *", "Europe/Berlin", None, None),
+                                 ("r.b@1000ms", None, None, run["id"], "pending")]
 
 
 def test_periodic_tick_prune_deletes_ticks_older_than_a_day(db: Conn, q: Queries) -> None:
+    _register(db, q)
     _tick(db, q, T0 - timedelta(days=2))
     _tick(db, q, T0 - timedelta(hours=2))
     db.execute(q.periodic_tick_prune, {"now": T0})

@@ -305,7 +305,7 @@ def test_attempts_are_numbered_per_trigger_and_counted_per_run(db: Conn, q: Quer
 
 def test_header_values_are_sealed_listed_while_in_clear_and_read_back(
         db: Conn, q: Queries) -> None:
-    clear = _endpoint(db, q)  # written with clear header values, as before 0009
+    clear = _endpoint(db, q)  # written with clear header values, as before 0014
     empty = db.execute(q.webhook_endpoint_insert, {
         "url": "https://hooks.example/y", "description": "", "event_types": None,
         "headers": Jsonb({}), "enabled": True, "now": T0}).fetchone()

@@ -7,6 +7,7 @@ transition to ``completed`` per run (a trigger's log), nothing left ``running`` 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 
 from notifyq import App
 from tests.apps.faults import FAULTS_DDL
+from tests.integration.test_cli import ok
 from tests.support import (
     Workers,
     assert_drained,
@@ -62,6 +64,11 @@ def _wait_handlers_registered(conn: Conn, job_type: str) -> None:
 
 def _assert(cond: bool, msg: object = "") -> None:
     assert cond, msg
+
+
+def _sized(rows: dict[int, dict[str, Any]], n: int) -> dict[int, dict[str, Any]]:
+    assert len(rows) == n, rows
+    return rows
 
 
 @pytest.mark.timeout(120)
@@ -370,3 +377,34 @@ def test_a_frozen_listener_backend_is_detected_and_replaced(
               f"{(time.monotonic() - t1) * 1000:.0f} ms")
         assert workers.stop_all() == [0], workers.logs()
     check_exactly_once(db, 1)
+
+
+@pytest.mark.timeout(60)
+def test_the_worker_registry_follows_starts_clean_stops_and_crashes(dsn: str, db: Conn,
+                                                                    logs: Path) -> None:
+    def registered() -> dict[int, dict[str, Any]]:
+        with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
+            return {r["pid"]: r for r in cur.execute("SELECT * FROM notifyq.worker")}
+
+    with Workers(dsn, logs, concurrency=3) as workers:
+        crashed, stopped, kept = (workers.start(concurrency=c) for c in (3, 4, 5))
+        rows = wait_until(lambda: _sized(registered(), 3), timeout=20)
+        assert {pid: (r["concurrency"], r["pools"]) for pid, r in rows.items()} == {
+            crashed.pid: (3, ["default"]), stopped.pid: (4, ["default"]),
+            kept.pid: (5, ["default"])}
+        first_beat = rows[kept.pid]["heartbeat_at"]
+        listed = json.loads(ok(dsn, "workers", "--json"))["items"]
+        assert sorted(w["pid"] for w in listed) == sorted(rows)
+        text = ok(dsn, "workers")
+        assert f":{kept.pid}:" in text
+        assert "0/5" in text
+
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(15) == 0
+        assert stopped.pid not in registered()  # a clean stop leaves at once
+
+        workers.kill(crashed)  # no shutdown code: only the reaper can tell
+        assert crashed.pid in registered()
+        wait_until(lambda: _assert(crashed.pid not in registered()), timeout=20)
+        kept_row = registered()[kept.pid]
+        assert kept_row["heartbeat_at"] > first_beat  # renewed all along, so never reaped

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
+import notifyq
 from tests.integration.serving import ADMIN, READER, Served
 from tests.support import enqueue_sql, scalar, wait_until
 from tests.ui.dashboard import Dashboard
@@ -241,12 +242,16 @@ def _attempts(sql: Conn, run_id: str, n: int) -> None:
     assert scalar(sql, "SELECT attempts FROM notifyq.job_run WHERE id = %s", (run_id,)) == n
 
 
-def test_the_overview_shows_pools_leader_and_no_invented_workers(served: Served, sql: Conn,
+def test_the_overview_shows_pools_leader_and_the_live_workers(served: Served, sql: Conn,
                                                                   admin: Dashboard) -> None:
     _failed_run(served, sql)
     _later(sql, 3)
     panels = wait_until(lambda: _leading(admin.get("/ui/overview/panels").text), timeout=10)
-    assert "No worker registry yet" in panels
+    worker = re.search(r'<td class="mono">([^<]+)</td><td>default[^<]*</td><td class="num">\d+</td>'
+                       r'<td class="num">(\d+)</td>', panels)
+    assert worker is not None, panels
+    assert scalar(sql, "SELECT concurrency FROM notifyq.worker WHERE id = %s",
+                  (worker[1],)) == int(worker[2])
     row = re.search(r"<th scope=\"row\"><a href=\"/ui/runs\?pool=default\">default</a></th>"
                     r"(.*?)</tr>", panels, re.S)
     assert row is not None
@@ -324,12 +329,18 @@ def test_the_keys_page_shows_versions_and_retire_answers_with_the_guard(
 def test_the_schedules_page_lists_ticks_with_their_next_tick(served: Served, sql: Conn,
                                                              admin: Dashboard) -> None:
     run_id = enqueue_sql(sql, "svc.echo")[0]
-    sql.execute("INSERT INTO notifyq.periodic_tick (name, tick_at, run_id) "
-                "VALUES ('report.build@60000ms', now(), %s)", (run_id,))
+    sql.execute("INSERT INTO notifyq.periodic_schedule (name, job_type, every_ms, last_tick_at, "
+                "last_run_id) VALUES ('report.build@60000ms', 'report.build', 60000, now(), %s)",
+                (run_id,))
+    sql.execute("INSERT INTO notifyq.periodic_schedule (name, job_type, cron, tz, paused_at) "
+                "VALUES ('digest', 'mail.digest', '0 9 * * MON-FRI', 'Europe/Berlin', now())")
     page = admin.get("/ui/schedules").text
     assert "report.build" in page
     assert "registered by another process" in page
     assert "60.0 s" in page
+    assert "0 9 * * MON-FRI" in page
+    assert "Europe/Berlin" in page
+    assert "paused" in page
 
 
 def test_the_dashboards_data_comes_from_the_api_routes_too(served: Served, sql: Conn) -> None:
@@ -340,8 +351,9 @@ def test_the_dashboards_data_comes_from_the_api_routes_too(served: Served, sql: 
         assert pools[0]["failed_last_hour"] == 1
         assert len(http.get("/v1/stats/series?minutes=5").json()["items"]) == 5
         workers = http.get("/v1/workers").json()
-        assert workers["registry"] is False
-        assert workers["items"] == []
+        assert ["default" in w["pools"] for w in workers["items"]] == [True]
+        assert workers["items"][0]["version"] == notifyq.__version__
+        assert [r["name"] for r in workers["leaders"]] == ["maintenance"]
         assert http.get("/v1/schedules").json() == {"items": []}
         assert http.get("/v1/webhooks/health").json() == {"items": []}
         assert http.get("/v1/webhooks/messages").json()["items"] == []
@@ -366,3 +378,30 @@ def test_the_static_assets_are_served_from_the_package(served: Served) -> None:
             answer = http.get(f"/ui/static/{asset}")
             assert answer.status_code == 200, asset
             assert len(answer.content) > 500
+
+
+def test_the_overview_pauses_and_resumes_a_pool_for_admins_only(served: Served, sql: Conn,
+                                                                admin: Dashboard) -> None:
+    _later(sql, 2)
+    panels = admin.get("/ui/overview/panels").text
+    assert 'action="/ui/pools/default/pause"' in panels
+    assert admin.post("/ui/pools/default/pause").status_code == 303
+    assert scalar(sql, "SELECT reason FROM notifyq.pause WHERE kind = 'pool' "
+                       "AND name = 'default'") == "paused from the dashboard"
+    panels = admin.get("/ui/overview/panels").text
+    assert ">paused</span>" in panels
+    assert 'action="/ui/pools/default/resume"' in panels
+    assert admin.post("/ui/pools/Bad Pool/pause").status_code == 422
+    assert admin.post("/ui/pools/default/pause", csrf=False).status_code == 403
+
+    with Dashboard(served) as reader:
+        assert reader.sign_in(READER).status_code == 303
+        seen = reader.get("/ui/overview/panels").text
+        assert ">paused</span>" in seen
+        assert "/pools/default/resume" not in seen
+        assert reader.post("/ui/pools/default/resume").status_code == 403
+    assert scalar(sql, "SELECT count(*) FROM notifyq.pause") == 1
+
+    assert admin.post("/ui/pools/default/resume").status_code == 303
+    assert scalar(sql, "SELECT count(*) FROM notifyq.pause") == 0
+    assert 'action="/ui/pools/default/pause"' in admin.get("/ui/overview/panels").text

@@ -138,3 +138,26 @@ def test_every_declared_dependency_is_imported_by_notifyq() -> None:
     imported = set().union(*(_distributions(i.module) for i in third_party_imports()))
     unused = [r for r in declared if canonicalize_name(Requirement(r).name) not in imported]
     assert not unused, f"declared but never imported by notifyq/: {unused}"
+
+
+# Python reads a None in sys.modules as "not installed": `import opentelemetry` raises
+# ImportError, as in an install without the `otel` extra.
+WITHOUT_OTEL = "import sys; sys.modules['opentelemetry'] = None; "
+
+
+def test_notifyq_imports_and_its_tracing_hooks_are_no_ops_without_opentelemetry() -> None:
+    import subprocess
+
+    script = WITHOUT_OTEL + (
+        "import notifyq, notifyq._tracing as t, notifyq._dispatch.worker, "
+        "notifyq._webhooks.deliver, notifyq._keys.reencrypt\n"
+        "assert not t._API and not t.enabled()\n"
+        "with t.sending('x') as s: assert s is None\n"
+        "with t.processing(lambda: 1/0) as p: assert p is None\n"  # never builds the claim
+        "with t.child_span('step', {}) as c: assert c is None\n"
+        "t.finished('x', 'default', 'completed', 0.1); t.webhook_attempt('2xx')\n"
+        "print('ok', 'opentelemetry' in sys.modules and sys.modules['opentelemetry'] is None)")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok", "True"]

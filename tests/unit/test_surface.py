@@ -10,9 +10,9 @@ import pytest
 
 import notifyq
 from notifyq import App, ConfigError, JobContext, RetryPolicy
+from notifyq._cadence import Every
 from notifyq._db.files import sql_root
 from notifyq._db.queries import queries_for
-from notifyq._maintenance.scheduler import tick_at
 from notifyq._registry import PeriodicSpec
 from notifyq._settings import Settings
 
@@ -56,9 +56,10 @@ PUBLIC = [
     "ConfigError", "DatabaseUnavailable", "DecryptionFailed", "DedupePolicy", "EncryptedColumn",
     "Endpoint", "EnqueueRequest", "InvalidEndpoint", "InvalidEnqueue", "InvalidTransition",
     "JobContext", "Keyring", "ManualClock", "NotifyqError", "PayloadTooLarge", "Permanent",
-    "RetiredKeyVersion", "RetryPolicy", "RotationInProgress", "Run", "RunInfo", "RunNotFound",
-    "RunStatus", "SchemaError", "Scope", "SentMessage", "Settings", "Snooze", "Stats",
-    "StepError", "SystemClock", "UnknownJobType", "UnknownKeyVersion", "WaitTimeout",
+    "ResultTimeout", "RetiredKeyVersion", "RetryPolicy", "RotationInProgress", "Run", "RunFailed",
+    "RunInfo", "RunNotFound", "RunStatus", "ScheduleNotFound", "SchemaError", "Scope",
+    "SentMessage", "Settings", "Snooze", "Stats", "StepError", "SystemClock", "UnknownJobType",
+    "UnknownKeyVersion", "UnknownStep", "WaitTimeout",
     "WebhookNotFound", "__version__",
 ]
 """The documented surface: a change here is a change of the public API (CHANGELOG it)."""
@@ -69,7 +70,7 @@ INTERNAL_ERRORS = {"LeaseLost", "CompleterClosedError", "StaleWriters", "Blocked
 def test_notifyq_exports_exactly_the_documented_names_sorted() -> None:
     assert notifyq.__all__ == sorted(PUBLIC, key=lambda n: (n.startswith("_"), n))
     public = {name for name in vars(notifyq) if not name.startswith("_")}
-    assert public - {"version", "PackageNotFoundError"} == set(PUBLIC) - {"__version__"}
+    assert public == set(PUBLIC) - {"__version__"}
     for name in notifyq.__all__:
         assert getattr(notifyq, name) is not None
 
@@ -94,17 +95,19 @@ def test_the_version_is_the_installed_distributions() -> None:
     assert notifyq.__version__ == project["version"]
 
 
-def test_tick_at_is_the_same_for_every_moment_in_a_tick() -> None:
-    every = timedelta(milliseconds=300)
-    start = tick_at(datetime(2030, 1, 1, tzinfo=UTC), every)
-    assert tick_at(start, every) == start
-    assert tick_at(start + every - timedelta(microseconds=1), every) == start
-    assert tick_at(start + every, every) == start + every
+def test_the_latest_tick_is_the_same_for_every_moment_in_a_tick() -> None:
+    every = Every(timedelta(milliseconds=300))
+    start = every.latest(datetime(2030, 1, 1, tzinfo=UTC))
+    assert every.latest(start) == start
+    assert every.latest(start + every.every - timedelta(microseconds=1)) == start
+    assert every.latest(start + every.every) == start + every.every
+    assert every.after(start) == start + every.every
+    assert every.before(start) == start - every.every
 
 
 def test_periodic_names_carry_the_exact_interval() -> None:
-    assert PeriodicSpec("r.b", timedelta(milliseconds=1001), {}).name == "r.b@1001ms"
-    assert PeriodicSpec("r.b", timedelta(minutes=5), {}).name == "r.b@300000ms"
+    assert PeriodicSpec("r.b", Every(timedelta(milliseconds=1001)), {}).name == "r.b@1001ms"
+    assert PeriodicSpec("r.b", Every(timedelta(minutes=5)), {}).name == "r.b@300000ms"
 
 
 def test_periodic_refuses_intervals_under_100_ms() -> None:
@@ -129,7 +132,7 @@ def test_periodic_stacked_on_handler_uses_the_handler_type() -> None:
     @app.handler("report.build")
     async def build(ctx: JobContext) -> None: ...
 
-    assert app._registry.periodic == [PeriodicSpec("report.build", timedelta(seconds=5),
+    assert app._registry.periodic == [PeriodicSpec("report.build", Every(timedelta(seconds=5)),
                                                   {"k": 1})]
 
 

@@ -1,0 +1,57 @@
+"""The worker registry (0009): register, heartbeat, list the live ones, leave, reap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from notifyq._db.queries import Queries
+from tests.db.conftest import T0
+from tests.db.helpers import Conn, seconds
+
+
+def _params(worker_id: str, now: Any, **over: Any) -> dict[str, Any]:
+    return {"id": worker_id, "host": "h", "pid": 7, "version": "1.2.3", "pools": ["default"],
+            "concurrency": 10, "running": 0, "now": now, "ttl_s": 30, **over}
+
+
+def _listed(db: Conn, q: Queries, now: Any) -> list[str]:
+    return [r["id"] for r in db.execute(q.worker_list, {"now": now}).fetchall()]
+
+
+def test_a_registered_worker_is_listed_until_its_registration_expires(db: Conn,
+                                                                     q: Queries) -> None:
+    db.execute(q.worker_register, _params("a", T0))
+    db.execute(q.worker_register, _params("b", T0 + seconds(1), pools=["x", "y"]))
+    rows = db.execute(q.worker_list, {"now": T0 + seconds(2)}).fetchall()
+    assert [(r["id"], r["pools"], r["started_at"]) for r in rows] == [
+        ("a", ["default"], T0), ("b", ["x", "y"], T0 + seconds(1))]
+    assert _listed(db, q, T0 + seconds(30)) == ["b"]  # a's lease ran out at T0 + 30 s
+    assert _listed(db, q, T0 + seconds(31)) == []
+
+
+def test_a_heartbeat_renews_and_reports_what_runs(db: Conn, q: Queries) -> None:
+    db.execute(q.worker_register, _params("a", T0))
+    renewed = db.execute(q.worker_heartbeat, _params("a", T0 + seconds(20), running=4))
+    assert renewed.fetchall() == [{"id": "a"}]
+    [row] = db.execute(q.worker_list, {"now": T0 + seconds(45)}).fetchall()
+    assert (row["running"], row["heartbeat_at"], row["started_at"]) == (
+        4, T0 + seconds(20), T0)
+
+
+def test_a_heartbeat_of_an_unknown_worker_returns_nothing_and_registering_again_works(
+        db: Conn, q: Queries) -> None:
+    assert db.execute(q.worker_heartbeat, _params("gone", T0)).fetchall() == []
+    db.execute(q.worker_register, _params("gone", T0))
+    db.execute(q.worker_register, _params("gone", T0 + seconds(5), running=2))  # no conflict
+    [row] = db.execute(q.worker_list, {"now": T0 + seconds(6)}).fetchall()
+    assert (row["running"], row["started_at"]) == (2, T0)
+
+
+def test_leave_and_reap_remove_rows(db: Conn, q: Queries) -> None:
+    for worker_id in ("a", "b", "c"):
+        db.execute(q.worker_register, _params(worker_id, T0))
+    db.execute(q.worker_heartbeat, _params("c", T0 + seconds(25)))
+    db.execute(q.worker_leave, {"id": "a"})
+    reaped = db.execute(q.worker_reap_expired, {"now": T0 + seconds(40)}).fetchall()
+    assert reaped == [{"id": "b"}]  # a left, c renewed until T0 + 55 s
+    assert _listed(db, q, T0 + seconds(40)) == ["c"]
