@@ -363,7 +363,8 @@ def test_the_dashboards_data_comes_from_the_api_routes_too(served: Served, sql: 
         count = http.post("/v1/jobs/bulk", json={"action": "retry", "dry_run": True,
                                                  "filter": {"job_type": "svc.fail"}})
         assert count.json() == {"action": "retry", "dry_run": True, "matched": 1,
-                                "changed": None, "requested": None, "remaining": None}
+                                "changed": None, "requested": None, "remaining": None,
+                                "batches": None}
         done = http.post("/v1/jobs/bulk", json={"action": "retry",
                                                 "filter": {"status": "failed"}}).json()
         assert done["changed"] == 1
