@@ -580,6 +580,21 @@ END
 $$;
 
 --
+-- Name: encrypted_column; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.encrypted_column (
+    table_name text NOT NULL,
+    column_name text NOT NULL,
+    pk text NOT NULL,
+    builtin boolean DEFAULT false NOT NULL,
+    registered_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT encrypted_column_column_name_check CHECK (((length(column_name) >= 1) AND (length(column_name) <= 63))),
+    CONSTRAINT encrypted_column_pk_check CHECK (((length(pk) >= 1) AND (length(pk) <= 63))),
+    CONSTRAINT encrypted_column_table_name_check CHECK (((length(table_name) >= 3) AND (length(table_name) <= 127)))
+);
+
+--
 -- Name: job; Type: TABLE; Schema: notifyq; Owner: -
 --
 
@@ -848,6 +863,7 @@ CREATE TABLE notifyq.webhook_endpoint (
     failing_since timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    header_values bytea,
     CONSTRAINT webhook_endpoint_headers_check CHECK ((jsonb_typeof(headers) = 'object'::text)),
     CONSTRAINT webhook_endpoint_url_check CHECK (((length(url) >= 1) AND (length(url) <= 2048)))
 );
@@ -895,6 +911,13 @@ CREATE TABLE notifyq.worker (
     CONSTRAINT worker_concurrency_check CHECK ((concurrency > 0)),
     CONSTRAINT worker_id_check CHECK (((length(id) >= 1) AND (length(id) <= 200)))
 );
+
+--
+-- Name: encrypted_column encrypted_column_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.encrypted_column
+    ADD CONSTRAINT encrypted_column_pkey PRIMARY KEY (table_name, column_name);
 
 --
 -- Name: job job_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -

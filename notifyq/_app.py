@@ -38,7 +38,6 @@ from notifyq._enqueue.validate import encode_input
 from notifyq._enqueue.write import Enqueuer
 from notifyq._errors import ConfigError
 from notifyq._keys.admin import REENCRYPT, KeyAdmin
-from notifyq._keys.columns import EncryptedColumns
 from notifyq._keys.reencrypt import Reencryptor
 from notifyq._limits import MAX_SIGNAL_TOKEN_LEN
 from notifyq._maintenance.scheduler import schedule_list, schedule_pause, schedule_resume
@@ -93,14 +92,12 @@ class App:
         self._control = RunControl(self._runtime.queries, self.clock)
         self._awaiter = Awaiter(self._runtime)
         self._pauses = PauseControl(self._runtime.queries, self.clock)
-        self._columns = EncryptedColumns()
-        for column in settings.encrypted_columns:
-            self._columns.register(column.table, pk=column.pk, column=column.column)
-        self.keys = KeyAdmin(self._runtime, self._columns, self._enqueuer, self._control)
+        self._columns = self._runtime.columns
+        self.keys = KeyAdmin(self._runtime, self._enqueuer, self._control)
         """Key administration: ``sync``, ``status``, ``rotate``, ``retire``."""
         if self._runtime.has_keyring:
             self.handler(REENCRYPT, retry=RetryPolicy(attempts=25, base_s=1, max_s=300))(
-                Reencryptor(self._runtime, self.keys, self._columns))
+                Reencryptor(self._runtime, self.keys))
         self._webhooks: Webhooks | None = None
         self._deliverer: Deliverer | None = None
         if self._webhooks_enabled():
@@ -129,7 +126,8 @@ class App:
 
     def _install_webhooks(self) -> None:
         self._webhooks = Webhooks(self._runtime, self._columns)
-        self._deliverer = Deliverer(self._runtime, self._webhooks.secret_column)
+        self._deliverer = Deliverer(self._runtime, self._webhooks.secret_column,
+                                    self._webhooks.header_column)
         self.handler(DELIVER, pool=POOL, timeout_s=self.settings.webhooks.timeout_s + 30,
                      retry=RetryPolicy(attempts=100, base_s=1, max_s=300))(self._deliverer)
 
@@ -150,8 +148,11 @@ class App:
     @property
     def keyring(self) -> Keyring:
         """The master keys from ``NOTIFYQ_KEYS`` / ``NOTIFYQ_KEY_FILE`` and
-        ``NOTIFYQ_ACTIVE_KEY_VERSION``, built on first use. Workers check it against the
-        database at start (``app.keys.sync``)."""
+        ``NOTIFYQ_ACTIVE_KEY_VERSION``, built on first use. It checks itself against the
+        database before its first encrypt or decrypt and every ``key_check_interval_s`` after
+        (one short query on the app's synchronous pool; ``await app.keys.sync()`` at start
+        does the first one without blocking): a wrong key or a retired active version raises
+        ``ConfigError``, a retired version no longer decrypts."""
         return self._runtime.keyring
 
     def encrypted_column(self, table: str, *, pk: str = "id", column: str) -> EncryptedColumn:
@@ -449,6 +450,8 @@ class App:
             await migrations.require_current(conn, self.settings.schema_name)
             if self.has_keyring:
                 await self.keys.sync(conn)
+            if self._webhooks is not None:
+                await self._webhooks.seal_clear_headers()
             # One transaction: enqueuers see all of this worker's types registered or none (one
             # at a time, an enqueue of the next type was refused while the first was in). In
             # type order, so workers of different apps lock shared rows in the same order.

@@ -22,6 +22,8 @@ from notifyq._crypto.keyring import Keyring, configured_keys
 from notifyq._db.pool import AsyncConn, check_connection_sync, open_pool, require_dsn
 from notifyq._db.queries import Queries, queries_for
 from notifyq._errors import ConfigError
+from notifyq._keys.check import KeyCheck
+from notifyq._keys.columns import EncryptedColumns
 from notifyq._settings import Settings
 
 AnyConn = psycopg.AsyncConnection[Any]
@@ -47,6 +49,11 @@ class Runtime:
         self._sync_pool: SyncPool | None = None
         self._open_lock = anyio.Lock()
         self._keyring: Keyring | None = None
+        self._key_check: KeyCheck | None = None
+        self.columns = EncryptedColumns()
+        """Every encrypted column this process registered (the user's and notifyq's own)."""
+        for column in settings.encrypted_columns:
+            self.columns.register(column.table, pk=column.pk, column=column.column)
 
     @property
     def has_keyring(self) -> bool:
@@ -66,8 +73,38 @@ class Runtime:
             if found is None:
                 raise ConfigError("no keyring is configured: set NOTIFYQ_KEYS (or "
                                   "NOTIFYQ_KEY_FILE) and NOTIFYQ_ACTIVE_KEY_VERSION")
-            self._keyring = Keyring(found[0], active=found[1])
+            keyring = Keyring(found[0], active=found[1])
+            self._key_check = KeyCheck(self.queries, keyring, self.columns,
+                                       interval_s=self.settings.key_check_interval_s,
+                                       monotonic=self.clock.monotonic)
+            keyring.guard_with(self._check_keys_sync)
+            self._keyring = keyring
         return self._keyring
+
+    async def checked_keyring(self, conn: AnyConn | None = None, *,
+                              force: bool = False) -> Keyring:
+        """The keyring, checked against the database first when the check is due (see
+        :mod:`notifyq._keys.check`); ``force`` checks now. ConfigError when the key check
+        refuses, or when no keyring is configured. What notifyq's own components await before
+        they encrypt or decrypt, so that the keyring's guard never has to block."""
+        keyring = self.keyring
+        check = self._key_check
+        assert check is not None  # noqa: S101 - built with the keyring
+        if force or check.due():
+            async with self.connection(conn) as c:
+                await check.run(c)
+        return keyring
+
+    def _check_keys_sync(self) -> None:
+        """The keyring's guard: the key check on the synchronous pool, when it is due (user
+        code calling ``app.keyring`` directly; one short query per interval)."""
+        check = self._key_check
+        if check is None or not check.due():
+            return
+        with check.lock:
+            if check.due():
+                with self.sync_pool().connection() as conn:
+                    check.run_sync(conn)
 
     @property
     def opened(self) -> AsyncConnectionPool[AsyncConn] | None:

@@ -371,6 +371,11 @@ class Settings(BaseSettings):
     active_key_version: Annotated[int, Field(ge=1)] | None = None
     """The version new secrets are encrypted under; required when ``keys`` or ``key_file`` is
     set. Defaults to none."""
+    key_check_interval_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    """How often a process holding a keyring checks it against the database again (key check
+    values, retired versions). Every process checks before its first encrypt or decrypt; a
+    version retired elsewhere stops decrypting, and a retired active version stops encrypting,
+    in every process within this time. Defaults to 10.0."""
     encrypted_columns: list[EncryptedColumnSettings] = Field(default_factory=list)
     """Your encrypted columns (``NOTIFYQ_ENCRYPTED_COLUMNS`` as a JSON list of
     {"table", "pk", "column"}); code can add more with ``App.encrypted_column``. Defaults to

@@ -35,3 +35,17 @@ SELECT {schema}.key_version_of({{column}}) AS version, count(*) AS n FROM {{tabl
 WHERE {{column}} IS NOT NULL
 GROUP BY 1
 ORDER BY 1
+
+-- name: encrypted_column_record
+-- The registry of encrypted columns (0009): every column a process registered, recorded by its
+-- key check. A column recorded before keeps its first registration.
+INSERT INTO {schema}.encrypted_column (table_name, column_name, pk, builtin, registered_at)
+SELECT t, c, p, b, coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(tables)s::text[], %(columns)s::text[], %(pks)s::text[], %(builtins)s::boolean[])
+     AS r(t, c, p, b)
+ON CONFLICT (table_name, column_name) DO NOTHING
+
+-- name: encrypted_column_list
+-- Every recorded column: the user's first, then notifyq's own, each in name order.
+SELECT table_name, column_name, pk, builtin FROM {schema}.encrypted_column
+ORDER BY builtin, table_name, column_name

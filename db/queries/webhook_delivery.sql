@@ -11,6 +11,7 @@ ORDER BY d.endpoint_id
 -- its position `ord` in the arrays: message, endpoint, delivery and the ciphertexts of the
 -- secrets valid now (newest first). A pair with no delivery has no row.
 SELECT k.ord, m.id AS message_id, m.event_type, m.body, e.id AS endpoint_id, e.url, e.headers,
+       e.header_values,
        e.disabled_at, e.disabled_reason, d.status, d.attempts,
        coalesce(s.ids, '{{}}') AS secret_ids, coalesce(s.ciphertexts, '{{}}') AS ciphertexts
 FROM unnest(%(message_ids)s::text[], %(endpoint_ids)s::uuid[])

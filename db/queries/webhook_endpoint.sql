@@ -9,6 +9,23 @@ VALUES (%(url)s, %(description)s, %(event_types)s::text[], %(headers)s::jsonb,
         coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
 RETURNING *
 
+-- name: webhook_endpoint_seal_headers
+-- The header values as one keyring ciphertext, the names with masked values in `headers` (0009).
+UPDATE {schema}.webhook_endpoint
+SET headers = %(headers)s::jsonb, header_values = %(header_values)s
+WHERE id = %(id)s
+RETURNING *
+
+-- name: webhook_endpoint_list_unsealed
+-- Endpoints written before 0014 whose header values are still in clear.
+SELECT id, headers FROM {schema}.webhook_endpoint
+WHERE header_values IS NULL AND headers <> '{{}}'::jsonb
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: webhook_endpoint_header_values
+SELECT header_values, headers FROM {schema}.webhook_endpoint WHERE id = %(id)s
+
 -- name: webhook_endpoint_get
 SELECT e.*, (SELECT count(*) FROM {schema}.webhook_secret s
              WHERE s.endpoint_id = e.id

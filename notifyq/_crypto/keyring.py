@@ -23,7 +23,7 @@ import hashlib
 import hmac
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
@@ -55,7 +55,7 @@ class Keyring:
     """Versioned AES-256-GCM keys. ``encrypt`` uses the active version; ``decrypt`` the version
     named in the ciphertext's header (unless it was retired)."""
 
-    __slots__ = ("_active", "_check_values", "_ciphers", "_retired")
+    __slots__ = ("_active", "_check_values", "_ciphers", "_guard", "_retired")
 
     def __init__(self, keys: Mapping[int, bytes], *, active: int) -> None:
         if not keys:
@@ -72,6 +72,12 @@ class Keyring:
         self._check_values = {v: check_value(k) for v, k in keys.items()}
         self._active = active
         self._retired: frozenset[int] = frozenset()
+        self._guard: Callable[[], None] | None = None
+
+    def guard_with(self, guard: Callable[[], None]) -> None:
+        """Call ``guard`` before every encrypt and decrypt (the process's key check: it
+        raises to refuse, and loads retirements). A keyring built by hand has none."""
+        self._guard = guard
 
     @property
     def active_version(self) -> int:
@@ -95,6 +101,8 @@ class Keyring:
 
     def encrypt(self, plaintext: bytes, context: Context) -> bytes:
         """Encrypt under the active version with a fresh random nonce."""
+        if self._guard is not None:
+            self._guard()
         version = self._active
         if version in self._retired:
             raise RetiredKeyVersion(f"the active key version {version} is retired; activate "
@@ -110,6 +118,8 @@ class Keyring:
 
         Raises UnknownKeyVersion, RetiredKeyVersion or DecryptionFailed (tampered, truncated,
         or written for another row or column)."""
+        if self._guard is not None:
+            self._guard()
         parsed = parse(blob, context)
         cipher = self._ciphers.get(parsed.version)
         if cipher is None:

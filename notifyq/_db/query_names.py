@@ -18,6 +18,8 @@ class QueryNames:
     encrypted_column_page_after: LiteralString
     encrypted_column_swap_many: LiteralString
     encrypted_column_version_counts: LiteralString
+    encrypted_column_record: LiteralString
+    encrypted_column_list: LiteralString
 
     # db/queries/job.sql
     job_upsert: LiteralString
@@ -138,6 +140,9 @@ class QueryNames:
 
     # db/queries/webhook_endpoint.sql
     webhook_endpoint_insert: LiteralString
+    webhook_endpoint_seal_headers: LiteralString
+    webhook_endpoint_list_unsealed: LiteralString
+    webhook_endpoint_header_values: LiteralString
     webhook_endpoint_get: LiteralString
     webhook_endpoint_list: LiteralString
     webhook_endpoint_update: LiteralString

@@ -6,7 +6,6 @@ Every method takes the caller's connection (autocommit) and opens its own short 
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 from uuid import UUID
 
@@ -17,8 +16,8 @@ from notifyq._control import RunControl
 from notifyq._crypto.keyring import Keyring
 from notifyq._enqueue.request import EnqueueRequest
 from notifyq._enqueue.write import Enqueuer
-from notifyq._errors import ConfigError, InvalidTransition, RotationInProgress
-from notifyq._keys.columns import ColumnQueries, EncryptedColumn, EncryptedColumns
+from notifyq._errors import InvalidTransition, RotationInProgress
+from notifyq._keys.columns import ColumnQueries, EncryptedColumn
 from notifyq._run import Run
 from notifyq._runtime import Runtime
 
@@ -31,44 +30,35 @@ FAILURES_LISTED = 100
 class KeyAdmin:
     """``app.keys``: the database side of the keyring."""
 
-    def __init__(self, runtime: Runtime, columns: EncryptedColumns, enqueuer: Enqueuer,
-                 control: RunControl) -> None:
+    def __init__(self, runtime: Runtime, enqueuer: Enqueuer, control: RunControl) -> None:
         self._rt = runtime
         self._queries = runtime.queries
-        self._columns = columns
+        self._columns = runtime.columns
         self._enqueuer = enqueuer
         self._control = control
 
-    async def sync(self, conn: AnyConn, keyring: Keyring | None = None) -> Keyring:
-        """Record the check value of every configured version not seen before, refuse a key
-        that differs from the one that encrypted existing data, and load retirements."""
-        keyring = keyring or self._rt.keyring
-        checks = keyring.check_values()
-        q = self._queries
+    async def sync(self, conn: AnyConn) -> Keyring:
+        """Check the configured keyring against the database now (see
+        :mod:`notifyq._keys.check`): record new versions' check values and this process's
+        encrypted columns, refuse a key that differs from the one that encrypted existing data
+        or a retired active version, and load retirements."""
+        return await self._rt.checked_keyring(conn, force=True)
+
+    async def columns(self, conn: AnyConn) -> list[EncryptedColumn]:
+        """Every encrypted column: this process's and those any process recorded in the
+        database's registry (``encrypted_column``), the user's first."""
         async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(q.key_version_register, {
-                "now": None, "versions": list(checks), "check_values": list(checks.values())})
-            await cur.execute(q.key_version_list)
+            await cur.execute(self._queries.encrypted_column_list)
             rows = await cur.fetchall()
-        for row in rows:
-            mine = checks.get(row["version"])
-            if mine is not None and not hmac.compare_digest(mine, bytes(row["check_value"])):
-                raise ConfigError(f"key version {row['version']} does not match the key that "
-                                  "encrypted existing data: restore the original key for this "
-                                  "version, or give the new key a new version number")
-        keyring.set_retired(r["version"] for r in rows if r["retired_at"] is not None)
-        if keyring.active_version in keyring.retired:
-            raise ConfigError(f"NOTIFYQ_ACTIVE_KEY_VERSION={keyring.active_version} is retired: "
-                              "activate a newer version")
-        return keyring
+        return self._columns.with_recorded(rows)
 
     async def column_queries(self, conn: AnyConn, column: EncryptedColumn) -> ColumnQueries:
         return await ColumnQueries.describe(conn, self._queries, column)
 
     async def counts(self, conn: AnyConn) -> list[dict[str, Any]]:
-        """Rows per key version of every registered column."""
+        """Rows per key version of every encrypted column (:meth:`columns`)."""
         out = []
-        for column in self._columns:
+        for column in await self.columns(conn):
             cq = await self.column_queries(conn, column)
             async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(cq.version_counts)
@@ -80,9 +70,7 @@ class KeyAdmin:
     async def status(self, conn: AnyConn) -> dict[str, Any]:
         """Configured and known versions, the active one, per-column counts by version and the
         latest rotation with its progress. JSON-ready."""
-        keyring = self._rt.keyring if self._rt.has_keyring else None
-        if keyring is not None:
-            await self.sync(conn, keyring)
+        keyring = await self._rt.checked_keyring(conn) if self._rt.has_keyring else None
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(self._queries.key_version_list)
             known = {r["version"]: r for r in await cur.fetchall()}
@@ -158,12 +146,10 @@ class KeyAdmin:
     async def retire(self, conn: AnyConn, version: int) -> dict[str, Any]:
         """Retire ``version``: refused while it is active or any registered row uses it; after
         it, the version no longer decrypts (in every process, from its next key check)."""
-        keyring = self._rt.keyring if self._rt.has_keyring else None
-        if keyring is not None:
-            await self.sync(conn, keyring)
-            if version == keyring.active_version:
-                raise InvalidTransition(f"key version {version} is the active version: "
-                                        "activate another version and rotate first")
+        keyring = await self.sync(conn) if self._rt.has_keyring else None
+        if keyring is not None and version == keyring.active_version:
+            raise InvalidTransition(f"key version {version} is the active version: "
+                                    "activate another version and rotate first")
         q = self._queries
         async with conn.transaction():
             await conn.execute(q.key_rotation_lock)

@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, LiteralString
 
@@ -86,6 +86,29 @@ class EncryptedColumns:
 
     def __iter__(self) -> Iterator[EncryptedColumn]:
         return iter([*self._columns.values(), *self._builtin.values()])
+
+    def entries(self) -> list[tuple[EncryptedColumn, bool]]:
+        """(column, builtin) of every registered column."""
+        return [*((c, False) for c in self._columns.values()),
+                *((c, True) for c in self._builtin.values())]
+
+    def with_recorded(self, rows: Iterable[Mapping[str, Any]]) -> list[EncryptedColumn]:
+        """This process's columns together with those other processes recorded in the
+        ``encrypted_column`` registry (rows of ``encrypted_column_list``): the user's first,
+        then notifyq's own, each in name order. A recorded column with another primary key
+        than this process's registration is a ConfigError (two processes disagree)."""
+        merged = {name: (column, builtin) for column, builtin in self.entries()
+                  for name in (column.name,)}
+        for row in rows:
+            column = EncryptedColumn(row["table_name"], row["pk"], row["column_name"])
+            mine = merged.get(column.name)
+            if mine is not None and mine[0].pk != column.pk:
+                raise ConfigError(f"encrypted column {column.name} is registered here with "
+                                  f"primary key {mine[0].pk!r} but recorded in the database "
+                                  f"with {column.pk!r}")
+            merged.setdefault(column.name, (column, bool(row["builtin"])))
+        ordered = sorted(merged.values(), key=lambda e: (e[1], e[0].name))
+        return [column for column, _ in ordered]
 
     def __len__(self) -> int:
         return len(self._columns) + len(self._builtin)

@@ -34,7 +34,7 @@ from notifyq._crypto.keyring import Keyring
 from notifyq._db.queries import Queries
 from notifyq._errors import DecryptionFailed, Permanent, StaleWriters
 from notifyq._keys.admin import REENCRYPT, KeyAdmin, progress_json
-from notifyq._keys.columns import ColumnQueries, EncryptedColumn, EncryptedColumns
+from notifyq._keys.columns import ColumnQueries, EncryptedColumn
 from notifyq._runtime import Runtime
 from notifyq._tracing import child_span
 
@@ -91,11 +91,10 @@ class Reencryptor:
     ``rotate(run_id, options)`` is the whole job and what tests call; ``on_batch`` runs inside
     each batch's transaction between the read and the swap (a test signal)."""
 
-    def __init__(self, runtime: Runtime, keys: KeyAdmin, columns: EncryptedColumns, *,
+    def __init__(self, runtime: Runtime, keys: KeyAdmin, *,
                  on_batch: BatchHook | None = None) -> None:
         self._rt = runtime
         self._keys = keys
-        self._columns = columns
         self._on_batch = on_batch
 
     async def handle(self, ctx: JobContext) -> dict[str, Any]:
@@ -117,11 +116,11 @@ class Reencryptor:
             await conn.execute(self._rt.queries.key_rotation_register, {
                 "run_id": run_id, "target_version": options.target_version, "now": None})
             columns = []
-            for column in self._columns:
+            for column in await self._keys.columns(conn):
                 cq = await self._keys.column_queries(conn, column)
                 columns.append(await _ColumnRotation(
                     conn, self._rt.queries, keyring, cq, run_id=run_id, options=options,
-                    on_batch=self._on_batch).run())
+                    on_batch=self._on_batch, recheck=self._rt.checked_keyring).run())
             failures = await self._keys.failures(conn, run_id, FAILURES_IN_OUTPUT + 1)
         return {"target_version": options.target_version, "columns": columns,
                 "undecryptable": failures[:FAILURES_IN_OUTPUT],
@@ -130,8 +129,10 @@ class Reencryptor:
 
 class _ColumnRotation:
     def __init__(self, conn: AnyConn, queries: Queries, keyring: Keyring, cq: ColumnQueries, *,
-                 run_id: UUID, options: ReencryptOptions, on_batch: BatchHook | None) -> None:
+                 run_id: UUID, options: ReencryptOptions, on_batch: BatchHook | None,
+                 recheck: Callable[[], Awaitable[Keyring]]) -> None:
         self.conn = conn
+        self.recheck = recheck
         self.q = queries
         self.keyring = keyring
         self.cq = cq
@@ -145,6 +146,9 @@ class _ColumnRotation:
         progress = await self._one(self.q.key_rotation_progress_start)
         self.skip = {f["row_pk"] for f in await self._failures()}
         while progress["finished_at"] is None:
+            # A long rotation meets the key check's interval: run it here, awaited, so the
+            # keyring's guard never blocks the event loop mid-batch.
+            await self.recheck()
             progress, full = await self._batch_with_retries(progress)
             if full:
                 if self.options.pause_s:

@@ -35,11 +35,13 @@ from notifyq._db.batcher import Batcher
 from notifyq._errors import Permanent, Snooze, WebhookNotFound
 from notifyq._tracing import child_span, mark_error, webhook_attempt
 from notifyq._webhooks.endpoints import RESERVED_HEADERS
+from notifyq._webhooks.headers import unseal
 from notifyq._webhooks.schedule import Decision, decide
 from notifyq._webhooks.signing import secret_key, signature_header
 
 if TYPE_CHECKING:
     from notifyq._context import JobContext
+    from notifyq._crypto.keyring import Keyring
     from notifyq._keys.columns import EncryptedColumn
     from notifyq._runtime import Runtime
     from notifyq._webhooks.client import AttemptResult, WebhookClient
@@ -67,10 +69,13 @@ class Deliverer:
     ``deliver(message_id, endpoint_id)`` is one attempt and what tests call directly; a
     ``resolver`` replaces DNS (tests), ``rng`` the jitter's randomness."""
 
-    def __init__(self, runtime: Runtime, secret_column: EncryptedColumn, *,
-                 resolver: Resolver | None = None, rng: random.Random | None = None) -> None:
+    def __init__(self, runtime: Runtime, secret_column: EncryptedColumn,
+                 header_column: EncryptedColumn, *, resolver: Resolver | None = None,
+                 rng: random.Random | None = None) -> None:
         self._rt = runtime
         self._secret_column = secret_column
+        self._header_column = header_column
+        self._headers: dict[tuple[UUID, bytes], dict[str, str]] = {}
         self.resolver = resolver
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
         self._client: WebhookClient | None = None
@@ -131,10 +136,11 @@ class Deliverer:
                         "message_id": message_id, "endpoint_id": endpoint_id,
                         "reason": skipped, "now": app.clock.db_now()})
             return {"skipped": skipped}
-        keys = self._keys(row)
+        keyring = await self._rt.checked_keyring()
+        keys = self._keys(row, keyring)
         body = row["body"].encode()
         timestamp = int(now.timestamp())
-        headers = {name: value for name, value in (row["headers"] or {}).items()
+        headers = {name: value for name, value in self._custom_headers(row, keyring).items()
                    if name.lower() not in RESERVED_HEADERS
                    and not name.lower().startswith("webhook-")}
         headers.update({"content-type": "application/json", "accept-encoding": "identity",
@@ -189,8 +195,7 @@ class Deliverer:
             return f"delivery already {row['status']}"
         return None
 
-    def _keys(self, row: dict[str, Any]) -> list[bytes]:
-        keyring = self._rt.keyring
+    def _keys(self, row: dict[str, Any], keyring: Keyring) -> list[bytes]:
         column = self._secret_column
         cache = self._signing_keys
         keys = []
@@ -209,6 +214,21 @@ class Deliverer:
         if not keys:
             raise Permanent(ValueError(f"endpoint {row['endpoint_id']} has no valid secret"))
         return keys
+
+    def _custom_headers(self, row: dict[str, Any], keyring: Keyring) -> dict[str, str]:
+        """The endpoint's headers with their values decrypted (kept by (endpoint, ciphertext)
+        like the signing keys); an endpoint written before 0014 still has them in clear."""
+        blob = row["header_values"]
+        if blob is None:
+            return dict(row["headers"] or {})
+        cache_key = (row["endpoint_id"], bytes(blob))
+        found = self._headers.get(cache_key)
+        if found is None:
+            found = unseal(keyring, self._header_column, row["endpoint_id"], blob)
+            if len(self._headers) >= _SIGNING_KEYS_KEPT:
+                self._headers.clear()
+            self._headers[cache_key] = found
+        return found
 
     async def _record(self, row: dict[str, Any], *, run_id: UUID | None, trigger: str,
                       attempt: int, timestamp: int, result: AttemptResult,

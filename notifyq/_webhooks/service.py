@@ -35,6 +35,7 @@ from notifyq._run import Run
 from notifyq._runtime import Runtime
 from notifyq._settings import WebhookSettings
 from notifyq._webhooks import endpoints as checks
+from notifyq._webhooks import headers as sealed
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.rows import (
     Attempt,
@@ -55,6 +56,7 @@ T = TypeVar("T")
 DELIVER = "webhook.deliver"
 POOL = "webhooks"
 SECRET_TABLE = "webhook_secret"  # noqa: S105 - a table name
+ENDPOINT_TABLE = "webhook_endpoint"
 ATTEMPTS_LISTED = 1000
 HEALTH_WINDOW_S = 86_400.0
 
@@ -77,6 +79,9 @@ class Webhooks:
         self._rt = runtime
         self.secret_column: EncryptedColumn = columns.register(
             f"{runtime.settings.schema_name}.{SECRET_TABLE}", pk="id", column="ciphertext",
+            builtin=True)
+        self.header_column: EncryptedColumn = columns.register(
+            f"{runtime.settings.schema_name}.{ENDPOINT_TABLE}", pk="id", column=sealed.COLUMN,
             builtin=True)
 
     @property
@@ -113,14 +118,53 @@ class Webhooks:
         headers = checks.check_headers(headers)
         event_types = checks.check_event_types(event_types)
         secret = self._secret(secret)
-        keyring = self._keyring()
         async with self._conn(conn) as c, c.transaction():
+            keyring = await self._keyring()
             row = await self._one(c, self._rt.queries.webhook_endpoint_insert, {
                 "url": url, "description": description or "", "event_types": event_types,
-                "headers": Jsonb(headers), "enabled": enabled, "now": self._now()})
+                "headers": Jsonb({}), "enabled": enabled, "now": self._now()})
             assert row is not None  # noqa: S101 - INSERT ... RETURNING
+            if headers:
+                row = await self._seal_headers(c, keyring, row["id"],
+                                               sealed.keep_masked(headers, {}))
             await self._store_secret(c, keyring, row["id"], secret)
         return Endpoint.from_row({**row, "valid_secrets": 1}, secret)
+
+    async def _seal_headers(self, conn: AnyConn, keyring: Keyring, endpoint_id: UUID,
+                            headers: dict[str, str]) -> dict[str, Any]:
+        row = await self._one(conn, self._rt.queries.webhook_endpoint_seal_headers, {
+            "id": endpoint_id, "headers": Jsonb(sealed.masked(headers)),
+            "header_values": sealed.seal(keyring, self.header_column, endpoint_id, headers)})
+        if row is None:
+            raise WebhookNotFound(f"no webhook endpoint {endpoint_id}")
+        return row
+
+    async def _stored_headers(self, conn: AnyConn, keyring: Keyring,
+                              endpoint_id: UUID) -> dict[str, str]:
+        row = await self._one(conn, self._rt.queries.webhook_endpoint_header_values,
+                              {"id": endpoint_id})
+        if row is None:
+            raise WebhookNotFound(f"no webhook endpoint {endpoint_id}")
+        if row["header_values"] is None:  # written before 0014: still in clear
+            return dict(row["headers"] or {})
+        return sealed.unseal(keyring, self.header_column, endpoint_id, row["header_values"])
+
+    async def seal_clear_headers(self, *, batch: int = 500) -> int:
+        """Encrypt the header values of endpoints written before migration 0014 (a worker
+        with webhooks enabled does this at its start). Returns how many it sealed."""
+        q = self._rt.queries
+        done = 0
+        async with self._conn(None) as c:
+            keyring = await self._keyring()
+            while True:
+                async with c.transaction():
+                    rows = await self._all(c, q.webhook_endpoint_list_unsealed,
+                                           {"limit": batch}, dict_row)
+                    for row in rows:
+                        await self._seal_headers(c, keyring, row["id"], dict(row["headers"]))
+                done += len(rows)
+                if len(rows) < batch:
+                    return done
 
     def _secret(self, secret: str | None) -> str:
         if secret is None:
@@ -131,11 +175,13 @@ class Webhooks:
             raise InvalidEndpoint(f"secret: {exc}") from None
         return secret
 
-    def _keyring(self) -> Keyring:
+    async def _keyring(self) -> Keyring:
+        """The keyring, checked against the database when its check is due (on a connection
+        of its own: what the check records does not depend on the caller's transaction)."""
         if not self._rt.has_keyring:
             raise ConfigError("webhook secrets are stored encrypted: configure a keyring "
                               "(NOTIFYQ_KEYS and NOTIFYQ_ACTIVE_KEY_VERSION)")
-        return self._rt.keyring
+        return await self._rt.checked_keyring()
 
     async def _store_secret(self, conn: AnyConn, keyring: Any, endpoint_id: UUID,
                             secret: str) -> None:
@@ -172,13 +218,21 @@ class Webhooks:
         the current filter)."""
         set_types = event_types is not ...
         types = checks.check_event_types(event_types) if isinstance(event_types, list) else None
-        params = {"id": _uuid(endpoint_id), "now": self._now(),
+        endpoint = _uuid(endpoint_id)
+        params = {"id": endpoint, "now": self._now(),
                   "url": checks.check_url(url, self.settings) if url is not None else None,
                   "description": description, "set_event_types": set_types,
-                  "event_types": types,
-                  "headers": Jsonb(checks.check_headers(headers)) if headers is not None
-                  else None}
-        return await self._write(self._rt.queries.webhook_endpoint_update, params, conn)
+                  "event_types": types, "headers": None}
+        given = checks.check_headers(headers) if headers is not None else None
+        async with self._conn(conn) as c, c.transaction():
+            updated = await self._write(self._rt.queries.webhook_endpoint_update, params, c)
+            if given is None:
+                return updated
+            keyring = await self._keyring()
+            stored = await self._stored_headers(c, keyring, endpoint)
+            row = await self._seal_headers(c, keyring, endpoint,
+                                           sealed.keep_masked(given, stored))
+        return Endpoint.from_row({**row, "valid_secrets": updated.valid_secrets})
 
     async def disable_endpoint(self, endpoint_id: UUID | str, reason: str = "disabled by hand",
                                *, conn: AnyConn | None = None) -> Endpoint:
@@ -216,12 +270,12 @@ class Webhooks:
         """A new signing secret (returned once, in ``.secret``); the previous ones keep
         signing for ``grace_s`` (default ``webhooks.secret_grace_s``), both signatures sent."""
         secret = self._secret(secret)
-        keyring = self._keyring()
         grace = self.settings.secret_grace_s if grace_s is None else grace_s
         if grace < 0:
             raise InvalidEndpoint(f"grace_s must not be negative, got {grace}")
         endpoint = await self.get_endpoint(endpoint_id, conn=conn)
         async with self._conn(conn) as c, c.transaction():
+            keyring = await self._keyring()
             expires = await self._one(c, self._rt.queries.webhook_secret_expiry,
                                       {"now": self._now(), "grace_s": grace})
             assert expires is not None  # noqa: S101 - a SELECT of one row

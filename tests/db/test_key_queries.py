@@ -205,3 +205,19 @@ def test_the_watch_poll_says_how_long_a_due_run_waits_and_how_far_each_column_is
         "running", None, 5.0)
     assert db.execute(q.key_rotation_watch, {"run_id": "01a22cc2-1f7d-734a-8591-82be1a967c79",
                                              "now": T0}).fetchone() is None
+
+
+def test_encrypted_columns_are_recorded_once_and_listed_the_users_before_notifyqs(
+        db: Conn, q: Queries) -> None:
+    params = {"now": T0, "tables": ["public.vault", "notifyq.webhook_secret", "public.a"],
+              "columns": ["secret", "ciphertext", "token"], "pks": ["id", "id", "uid"],
+              "builtins": [False, True, False]}
+    db.execute(q.encrypted_column_record, params)
+    db.execute(q.encrypted_column_record, {**params, "pks": ["other", "other", "other"],
+                                           "now": T0 + timedelta(hours=1)})
+    rows = db.execute(q.encrypted_column_list).fetchall()
+    assert [(r["table_name"], r["column_name"], r["pk"], r["builtin"]) for r in rows] == [
+        ("public.a", "token", "uid", False), ("public.vault", "secret", "id", False),
+        ("notifyq.webhook_secret", "ciphertext", "id", True)]
+    assert db.execute("SELECT DISTINCT registered_at FROM notifyq.encrypted_column"
+                      ).fetchall() == [{"registered_at": T0}]

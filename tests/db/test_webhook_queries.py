@@ -301,3 +301,25 @@ def test_attempts_are_numbered_per_trigger_and_counted_per_run(db: Conn, q: Quer
     counted = db.execute(q.webhook_attempt_count_by_run, {
         "message_ids": [message], "run_ids": [scheduled, manual, uuid.uuid4()]}).fetchall()
     assert {r["run_id"]: r["n"] for r in counted} == {scheduled: 3, manual: 2}
+
+
+def test_header_values_are_sealed_listed_while_in_clear_and_read_back(
+        db: Conn, q: Queries) -> None:
+    clear = _endpoint(db, q)  # written with clear header values, as before 0014
+    empty = db.execute(q.webhook_endpoint_insert, {
+        "url": "https://hooks.example/y", "description": "", "event_types": None,
+        "headers": Jsonb({}), "enabled": True, "now": T0}).fetchone()
+    assert empty is not None
+    unsealed = db.execute(q.webhook_endpoint_list_unsealed, {"limit": 10}).fetchall()
+    assert unsealed == [{"id": clear, "headers": {"X-A": "1"}}]
+    row = db.execute(q.webhook_endpoint_seal_headers, {
+        "id": clear, "headers": Jsonb({"X-A": "********"}), "header_values": b"\x01" * 40,
+    }).fetchone()
+    assert row is not None
+    assert (row["headers"], bytes(row["header_values"])) == ({"X-A": "********"}, b"\x01" * 40)
+    assert db.execute(q.webhook_endpoint_list_unsealed, {"limit": 10}).fetchall() == []
+    stored = db.execute(q.webhook_endpoint_header_values, {"id": clear}).fetchone()
+    assert stored is not None
+    assert bytes(stored["header_values"]) == b"\x01" * 40
+    assert db.execute(q.webhook_endpoint_seal_headers, {
+        "id": uuid.uuid4(), "headers": Jsonb({}), "header_values": None}).fetchone() is None

@@ -39,7 +39,7 @@ Sql = psycopg.Connection[Any]
 
 def _reencryptor(app: App, on_batch: BatchHook | None = None) -> Reencryptor:
     """The App's ``secret.reencrypt`` handler, built apart so a test can hook its batches."""
-    return Reencryptor(app._runtime, app.keys, app._columns, on_batch=on_batch)
+    return Reencryptor(app._runtime, app.keys, on_batch=on_batch)
 
 
 def _ctx(pk: Any) -> Context:
@@ -83,8 +83,8 @@ async def test_rotating_ten_thousand_rows_across_two_tables_leaves_every_row_rea
         assert created
         assert again.id != run.id
         row = await status_becomes(app, again.id, "completed", within=30)
-        # vault_a, vault_b, then notifyq's own webhook secrets (empty here)
-        assert [c["reencrypted"] for c in row["output"]["columns"]] == [0, 0, 0]
+        # vault_a, vault_b, then notifyq's own endpoint headers and secrets (empty here)
+        assert [c["reencrypted"] for c in row["output"]["columns"]] == [0, 0, 0, 0]
         assert _max_xmin(sql) == before  # nothing was written
 
 
@@ -242,7 +242,7 @@ async def test_corrupted_rows_are_reported_and_skipped_and_the_rest_is_rotated(
     assert vault.versions(sql)[vault.TABLE_A] == {0: 1, 1: 2, 2: 296, 9: 1}
     assert vault.versions(sql)[vault.TABLE_B] == {2: 20}
     assert status["rotation"]["undecryptable"] == 4
-    assert [c["remaining"] for c in status["columns"]] == [4, 0, 0]  # + webhook secrets
+    assert [c["remaining"] for c in status["columns"]] == [4, 0, 0, 0]  # + webhook columns
 
 
 async def test_retire_is_refused_while_rows_use_the_version_and_afterwards_it_no_longer_decrypts(

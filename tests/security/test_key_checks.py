@@ -1,0 +1,177 @@
+"""Issue 12, items 1 and 2: every process that encrypts or decrypts checks its keyring against
+the database first (and again within ``key_check_interval_s``), and retire, status and rotate
+count every encrypted column any process recorded, whoever asks. Real PostgreSQL, real CLI and
+``serve`` processes."""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from notifyq import App, ConfigError, InvalidTransition, RetiredKeyVersion
+from tests import vault
+from tests.conftest import fast_settings
+from tests.integration.serving import ADMIN, Served
+from tests.integration.test_cli import notifyq
+from tests.support import eventually
+
+pytestmark = pytest.mark.anyio
+
+Sql = psycopg.Connection[Any]
+WRONG_KEY = base64.b64encode(os.urandom(32)).decode()
+MISMATCH = "key version 2 does not match the key that encrypted existing data"
+
+
+async def _record_versions_1_and_2(dsn: str) -> None:
+    """A first process (keys 1 and 2) checks its keyring: the database now knows both."""
+    first = vault.vault_app(dsn, 1, 2, active=2)
+    async with first, (await first.pool()).connection() as conn:
+        await first.keys.sync(conn)
+
+
+def _wrong_app(dsn: str, **overrides: Any) -> App:
+    """A process given a different key under version 2 (and the right one under 1)."""
+    return App(settings=fast_settings(
+        dsn, keys=f"1:{vault.b64(vault.KEY1)},2:{WRONG_KEY}", active_key_version=2,
+        **overrides))
+
+
+async def test_a_plain_app_with_a_wrong_key_cannot_create_an_endpoint_and_writes_nothing(
+        dsn: str, sql: Sql) -> None:
+    await _record_versions_1_and_2(dsn)
+    app = _wrong_app(dsn)
+    async with app:
+        with pytest.raises(ConfigError, match=MISMATCH) as raised:
+            await app.webhooks.create_endpoint("https://example.com/hook")
+        # and it keeps refusing: a failed check leaves the next call due for another
+        with pytest.raises(ConfigError, match=MISMATCH):
+            await app.webhooks.create_endpoint("https://example.com/hook")
+    assert WRONG_KEY not in str(raised.value)
+    assert sql.execute("SELECT count(*) FROM notifyq.webhook_endpoint").fetchone() == (0,)
+    assert sql.execute("SELECT count(*) FROM notifyq.webhook_secret").fetchone() == (0,)
+
+
+async def test_app_keyring_used_directly_by_a_web_app_checks_itself_before_the_first_encrypt(
+        dsn: str) -> None:
+    await _record_versions_1_and_2(dsn)
+    app = _wrong_app(dsn)
+    context = app.encrypted_column(vault.TABLE_A, column="secret").context(1)
+    async with app:
+        with pytest.raises(ConfigError, match=MISMATCH):
+            app.keyring.encrypt(b"s3cret", context)
+        with pytest.raises(ConfigError, match=MISMATCH):
+            app.keyring.decrypt(vault.keyring(2, active=2).encrypt(b"x", context), context)
+
+
+async def test_the_cli_with_a_wrong_key_refuses_to_add_an_endpoint(dsn: str, sql: Sql) -> None:
+    await _record_versions_1_and_2(dsn)
+    env_keys = f"1:{vault.b64(vault.KEY1)},2:{WRONG_KEY}"
+    os.environ["NOTIFYQ_KEYS"], os.environ["NOTIFYQ_ACTIVE_KEY_VERSION"] = env_keys, "2"
+    try:
+        result = notifyq(dsn, "webhooks", "endpoints", "add", "https://example.com/hook")
+    finally:
+        del os.environ["NOTIFYQ_KEYS"], os.environ["NOTIFYQ_ACTIVE_KEY_VERSION"]
+    assert result.returncode == 1, result.stdout
+    assert MISMATCH in result.stderr
+    assert WRONG_KEY not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+    assert sql.execute("SELECT count(*) FROM notifyq.webhook_endpoint").fetchone() == (0,)
+
+
+async def test_serve_without_a_worker_and_a_wrong_key_refuses_to_store_an_endpoint(
+        dsn: str, sql: Sql, tmp_path: Path) -> None:
+    await _record_versions_1_and_2(dsn)
+    env = {"NOTIFYQ_KEYS": f"1:{vault.b64(vault.KEY1)},2:{WRONG_KEY}",
+           "NOTIFYQ_ACTIVE_KEY_VERSION": "2"}
+    with Served(dsn, tmp_path / "serve.log", args=["--no-worker"], env=env) as served, \
+            served.client(ADMIN) as client:
+        response = client.post("/v1/webhooks/endpoints", json={"url": "https://example.com/h"})
+    assert response.status_code == 409, response.text
+    assert MISMATCH in response.text
+    assert WRONG_KEY not in response.text
+    assert sql.execute("SELECT count(*) FROM notifyq.webhook_endpoint").fetchone() == (0,)
+
+
+async def test_a_retirement_reaches_a_running_process_within_the_check_interval(
+        dsn: str, sql: Sql) -> None:
+    """A process still active on version 1 stops writing v1 ciphertexts once 1 is retired
+    elsewhere, within key_check_interval_s (0.5 s here); a process active on 2 stops reading
+    them."""
+    vault.fill(sql, vault.keyring(1, active=1), 0, 0)
+    old = vault.vault_app(dsn, 1, 2, active=1, key_check_interval_s=0.5)
+    new = vault.vault_app(dsn, 1, 2, active=2, key_check_interval_s=0.5)
+    column = old.encrypted_column(vault.TABLE_A, column="secret")
+    async with old, new:
+        blob = old.keyring.encrypt(b"before", column.context(1))  # checked: 1 is fine
+        assert new.keyring.decrypt(blob, column.context(1)) == b"before"
+        async with (await new.pool()).connection() as conn:
+            await new.keys.retire(conn, 1)
+
+        async def refused() -> None:
+            assert _raised(lambda: old.keyring.encrypt(b"after", column.context(2))) == (
+                "ConfigError: NOTIFYQ_ACTIVE_KEY_VERSION=1 is retired: activate a newer version")
+            assert _raised(lambda: new.keyring.decrypt(blob, column.context(1))) == (
+                f"RetiredKeyVersion: cannot decrypt {column.context(1)}: key version 1 is "
+                "retired")
+        await eventually(refused, timeout=5)
+
+
+def _raised(call: Any) -> str | None:
+    try:
+        call()
+    except (ConfigError, RetiredKeyVersion) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+async def test_retire_counts_a_column_registered_only_by_another_process(
+        dsn: str, sql: Sql) -> None:
+    vault.fill(sql, vault.keyring(1, active=1), 3, 0)
+    application = vault.vault_app(dsn, 1, 2, active=2)  # registers vault_a and vault_b
+    async with application, (await application.pool()).connection() as conn:
+        await application.keys.sync(conn)  # what any encrypt or decrypt does first
+    bare = App(settings=fast_settings(dsn, keys=vault.keys_env(1, 2, active=2)["NOTIFYQ_KEYS"],
+                                      active_key_version=2))  # registers nothing
+    async with bare, (await bare.pool()).connection() as conn:
+        with pytest.raises(InvalidTransition, match=r"key version 1 is still used by 3 rows "
+                                                    r"\(public.vault_a.secret: 3\)"):
+            await bare.keys.retire(conn, 1)
+        status = await bare.keys.status(conn)
+        run, _ = await bare.keys.rotate(conn)
+    assert [c["column"] for c in status["columns"]] == [
+        "public.vault_a.secret", "public.vault_b.token",
+        "notifyq.webhook_endpoint.header_values", "notifyq.webhook_secret.ciphertext"]
+    assert status["columns"][0]["remaining"] == 3
+    assert sql.execute("SELECT retired_at FROM notifyq.key_version WHERE version = 1"
+                       ).fetchone() == (None,)
+    # the bare process's own rotation re-encrypts the column it never registered
+    from notifyq._keys.reencrypt import ReencryptOptions, Reencryptor
+
+    async with bare:
+        out = await Reencryptor(bare._runtime, bare.keys).rotate(
+            run.id, ReencryptOptions(target_version=2))
+    assert out["columns"][0]["column"] == "public.vault_a.secret"
+    assert out["columns"][0]["reencrypted"] == 3
+    assert vault.versions(sql)[vault.TABLE_A] == {2: 3}
+
+
+async def test_retire_over_http_against_serve_without_the_app_is_refused_while_rows_use_it(
+        dsn: str, sql: Sql, tmp_path: Path) -> None:
+    vault.fill(sql, vault.keyring(1, active=1), 2, 0)
+    application = vault.vault_app(dsn, 1, 2, active=2)
+    async with application:
+        application.keyring.decrypt(
+            sql.execute("SELECT secret FROM vault_a WHERE id = 1").fetchone()[0],  # type: ignore[index]
+            application.encrypted_column(vault.TABLE_A, column="secret").context(1))
+    with Served(dsn, tmp_path / "serve.log", args=["--no-worker"],
+                env=vault.keys_env(1, 2, active=2)) as served, served.client(ADMIN) as client:
+        response = client.post("/v1/admin/keys/1/retire")
+    assert response.status_code == 409, response.text
+    assert "public.vault_a.secret: 2" in response.text
+    assert sql.execute("SELECT retired_at FROM notifyq.key_version WHERE version = 1"
+                       ).fetchone() == (None,)
