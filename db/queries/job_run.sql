@@ -157,27 +157,12 @@ WHERE status = 'pending' AND pool = %(pool)s AND run_at > coalesce(%(now)s::time
 --
 -- Claim: up to `limit` runnable runs of one pool, best priority then oldest run_at first, then
 -- in enqueue order (the id: a batch shares its run_at; migration 0007). SKIP LOCKED lets any
--- number of workers claim concurrently without waiting on each other. `claimed_at` is the
+-- number of workers claim concurrently without waiting on each other; the fence grows by one so
+-- write-backs from any earlier claim of the same run match nothing. `claimed_at` is the
 -- database's now: the worker times retries from it, not from its own clock. Both halves read
 -- the snapshot taken before the statement, so a run this statement sends back to pending is
 -- not claimed again by it (the next cycle can).
---
--- The fence is a fresh random 63-bit token (two 31/32-bit draws of random(), which PostgreSQL
--- seeds per backend from a strong source), not the previous fence + 1. So a claim may commit
--- asynchronously: a statement that only claims sets synchronous_commit off for its own
--- transaction (no WAL flush wait; write-backs, and a statement that carries any, stay
--- synchronous). If the server crashes before such a claim reaches disk, the run is pending
--- again with its old fence and the next claim draws another token: the lost claim's holder
--- can never match it (a collision needs the same 63-bit draw, p = 2^-63), its write-backs,
--- heartbeats and steps find no row, and it gets LeaseLost. With `previous + 1` the re-claim
--- would have issued the very fence the lost claim held. (Keyed claims, _claim_keyed, still
--- count up; they run as their own statement, which commits synchronously.)
-WITH n AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
-           set_config('synchronous_commit',
-                      CASE WHEN cardinality(%(ids)s::uuid[]) = 0 THEN 'off'
-                           ELSE current_setting('synchronous_commit') END, true) AS commit_mode
-),
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 v AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(fences)s::bigint[], %(statuses)s::text[],
                          %(outputs)s::text[], %(errors)s::text[], %(run_ats)s::timestamptz[],
@@ -228,9 +213,7 @@ picked AS (
 ),
 claimed AS (
     UPDATE {schema}.job_run r
-    SET status = 'running', attempts = r.attempts + 1,
-        fence = (floor(random() * 2147483648)::bigint << 32)
-                | floor(random() * 4294967296)::bigint,
+    SET status = 'running', attempts = r.attempts + 1, fence = r.fence + 1,
         claimed_at = n.now, started_at = coalesce(r.started_at, n.now),
         leased_by = %(worker_id)s, lease_expires_at = n.now + make_interval(secs => %(lease_s)s),
         updated_at = n.now

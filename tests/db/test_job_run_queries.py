@@ -182,59 +182,23 @@ def test_job_run_claim_takes_best_priority_then_oldest_run_at(db: Conn, q: Queri
     assert count(db, "status = 'pending'") == 2
 
 
-def test_job_run_claim_leases_the_run_and_draws_a_new_random_fence(db: Conn,
-                                                                  q: Queries) -> None:
+def test_job_run_claim_leases_the_run_and_increments_attempts_and_fence(db: Conn,
+                                                                        q: Queries) -> None:
     run = enqueue(db, q, run_at=T0)
     [claimed] = claim(db, q, T0, worker_id="w-a", lease_s=30)
     assert claimed["id"] == run["id"]
-    assert claimed["attempts"] == 1
-    assert claimed["fence"] > 0
+    assert (claimed["attempts"], claimed["fence"]) == (1, 1)
     row = get(db, q, run["id"])
     assert row["status"] == "running"
     assert row["leased_by"] == "w-a"
     assert row["claimed_at"] == T0
     assert row["started_at"] == T0
     assert row["lease_expires_at"] == T0 + seconds(30)
-    # Back to pending (a retry), claimed again: a new fence, started_at stays.
-    finish(db, q, T0, [(run["id"], claimed["fence"], "pending")], run_at=T0)
+    # Back to pending (a retry), claimed again: the fence moves on, started_at stays.
+    finish(db, q, T0, [(run["id"], 1, "pending")], run_at=T0)
     [again] = claim(db, q, T0 + seconds(5), worker_id="w-b")
-    assert again["attempts"] == 2
-    assert again["fence"] not in (0, claimed["fence"])
+    assert (again["attempts"], again["fence"]) == (2, 2)
     assert get(db, q, run["id"])["started_at"] == T0
-
-
-def test_a_statement_that_only_claims_commits_asynchronously_and_write_backs_do_not(
-        db: Conn, q: Queries) -> None:
-    for _ in range(2):
-        enqueue(db, q, run_at=T0)
-    db.execute("SET synchronous_commit = on")  # the server's default, whatever this one says
-    with db.transaction():  # to see the setting the statement leaves for its transaction
-        [first] = claim(db, q, T0, limit=1)
-        assert db.execute("SHOW synchronous_commit").fetchone() == {
-            "synchronous_commit": "off"}
-    assert db.execute("SHOW synchronous_commit").fetchone() == {"synchronous_commit": "on"}
-    with db.transaction():  # a write-back (with a claim in the same statement) stays durable
-        rows = db.execute(q.job_run_finish_and_claim, {
-            "now": T0, "ids": [first["id"]], "fences": [first["fence"]],
-            "statuses": ["completed"], "outputs": [None], "errors": [None], "run_ats": [None],
-            "refunds": [0], **no_waits(1), "pool": "default", "limit": 1, "worker_id": "w1",
-            "lease_s": 30.0}).fetchall()
-        assert db.execute("SHOW synchronous_commit").fetchone() == {"synchronous_commit": "on"}
-    assert sorted((r["claimed"], r["status"]) for r in rows) == [
-        (False, "completed"), (True, "running")]
-
-
-def test_job_run_claim_fences_are_random_63_bit_tokens(db: Conn, q: Queries) -> None:
-    run = enqueue(db, q, run_at=T0)
-    fences = []
-    for i in range(20):
-        [c] = claim(db, q, T0 + seconds(i))
-        fences.append(c["fence"])
-        finish(db, q, T0 + seconds(i), [(run["id"], c["fence"], "pending")], run_at=T0,
-               refund=1)
-    assert len(set(fences)) == 20
-    assert all(0 <= f < 2**63 for f in fences)
-    assert max(fences) > 2**40  # spread over the range, not counting up
 
 
 def test_job_run_claim_respects_the_limit(db: Conn, q: Queries) -> None:
@@ -280,9 +244,7 @@ def test_concurrent_claims_never_return_the_same_run(dsn: str, db: Conn, q: Quer
     every = [run_id for ids in claimed for run_id in ids]
     assert len(every) == 300
     assert len(set(every)) == 300
-    assert count(db, "status = 'running' AND attempts = 1 AND fence > 0") == 300
-    assert count(db, "fence IN (SELECT fence FROM notifyq.job_run GROUP BY fence "
-                     "HAVING count(*) > 1)") == 0  # random 63-bit tokens: no two alike
+    assert count(db, "status = 'running' AND attempts = 1 AND fence = 1") == 300
 
 
 # -- finish ---------------------------------------------------------------------------------------
@@ -316,7 +278,7 @@ def test_job_run_finish_many_with_a_stale_fence_matches_no_row(db: Conn, q: Quer
     [first] = claim(db, q, T0, lease_s=1)
     db.execute(q.job_run_reap_expired, {"now": T0 + seconds(2), "limit": 10})
     [second] = claim(db, q, T0 + seconds(2), worker_id="w2")
-    assert second["fence"] != first["fence"]
+    assert second["fence"] == first["fence"] + 1
     stale = finish(db, q, T0 + seconds(3), [(run["id"], first["fence"], "completed")],
                    output='{"by": "w1"}')
     assert stale == []
