@@ -65,6 +65,7 @@ def test_a_worker_killed_mid_rotation_is_resumed_from_its_last_committed_batch(
         # Every row was swapped exactly once: the killed batch rolled back with its checkpoint.
         assert _progress(sql) == {"public.vault_a.secret": (4000, True),
                                   "public.vault_b.token": (1000, True),
+                                  "notifyq.webhook_endpoint.header_values": (0, True),
                                   "notifyq.webhook_secret.ciphertext": (0, True)}
         assert vault.versions(sql) == {vault.TABLE_A: {2: 4000}, vault.TABLE_B: {2: 1000}}
         vault.decrypt_all(sql, vault.keyring(2, active=2))
@@ -74,6 +75,7 @@ def test_a_worker_killed_mid_rotation_is_resumed_from_its_last_committed_batch(
         columns = json.loads(status.stdout)["columns"]
         assert [(c["column"], c["remaining"]) for c in columns] == [
             ("public.vault_a.secret", 0), ("public.vault_b.token", 0),
+            ("notifyq.webhook_endpoint.header_values", 0),
             ("notifyq.webhook_secret.ciphertext", 0)]
         text = _cli(dsn, "keys", "status")
         assert "decrypt-only" in text.stdout
@@ -87,7 +89,7 @@ def test_a_worker_killed_mid_rotation_is_resumed_from_its_last_committed_batch(
         assert again.returncode == 0, again.stderr
         report = json.loads(again.stdout)
         assert report["run"]["id"] != run_id
-        assert [c["reencrypted"] for c in report["run"]["output"]["columns"]] == [0, 0, 0]
+        assert [c["reencrypted"] for c in report["run"]["output"]["columns"]] == [0, 0, 0, 0]
         assert workers.problems() == {}, workers.logs()
 
 

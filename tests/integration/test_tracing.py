@@ -460,6 +460,7 @@ async def test_key_rotation_batches_are_spans_under_the_rotation_run(
         reencrypted[column] = reencrypted.get(column, 0) + attributes[
             "notifyq.key.batch.reencrypted"]
     assert reencrypted == {"public.vault_a.secret": 1200, "public.vault_b.token": 300,
+                           "notifyq.webhook_endpoint.header_values": 0,
                            "notifyq.webhook_secret.ciphertext": 0}  # no webhook secrets here
     # 1,200 rows in batches of 500: three batches in pass 1, then an empty verification pass.
     full = [b for b in batches if _attrs(b)["notifyq.key.column"] == "public.vault_a.secret"
