@@ -157,18 +157,115 @@ CREATE TABLE notifyq.job_run (
     defaulted smallint,
     awaited boolean DEFAULT false NOT NULL,
     trace_context jsonb,
+    rate_key text,
     CONSTRAINT job_run_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT job_run_concurrency_limit_check CHECK ((concurrency_limit >= 1)),
     CONSTRAINT job_run_input_check CHECK ((jsonb_typeof(input) = ANY (ARRAY['object'::text, 'array'::text]))),
     CONSTRAINT job_run_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
     CONSTRAINT job_run_parent_close_policy_check CHECK ((parent_close_policy = ANY (ARRAY['terminate'::text, 'cancel'::text, 'abandon'::text]))),
     CONSTRAINT job_run_priority_check CHECK (((priority >= '-1000'::integer) AND (priority <= 1000))),
+    CONSTRAINT job_run_rate_key_check CHECK ((length(rate_key) <= 2048)),
     CONSTRAINT job_run_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text]))),
     CONSTRAINT job_run_timeout_s_check CHECK ((timeout_s > (0)::double precision)),
     CONSTRAINT job_run_trigger_source_check CHECK ((trigger_source = ANY (ARRAY['manual'::text, 'schedule'::text, 'event'::text, 'parent'::text]))),
     CONSTRAINT job_run_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['sleep'::text, 'children'::text, 'signal'::text])))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1');
+
+--
+-- Name: _claim_fair(text, integer, text, double precision, timestamp with time zone); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._claim_fair(p_pool text, p_limit integer, p_worker_id text, p_lease_s double precision, p_now timestamp with time zone) RETURNS SETOF notifyq.job_run
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+DECLARE
+    now_         timestamptz := coalesce(p_now, now());
+    types_paused boolean;
+    tenants      text[];
+    share        integer;
+    ids          uuid[];
+    more         uuid[];
+BEGIN
+    IF p_limit <= 0 OR EXISTS (SELECT FROM pause WHERE kind = 'pool' AND name = p_pool) THEN
+        RETURN;
+    END IF;
+    types_paused := EXISTS (SELECT FROM pause WHERE kind = 'type');
+    WITH RECURSIVE t(tenant) AS (
+        (SELECT coalesce(tenant_id, '') FROM job_run
+         WHERE status = 'pending' AND pool = p_pool
+           AND concurrency_key IS NULL AND rate_key IS NULL
+         ORDER BY coalesce(tenant_id, '') LIMIT 1)
+        UNION ALL
+        SELECT (SELECT coalesce(tenant_id, '') FROM job_run
+                WHERE status = 'pending' AND pool = p_pool
+                  AND concurrency_key IS NULL AND rate_key IS NULL
+                  AND coalesce(tenant_id, '') > t.tenant
+                ORDER BY coalesce(tenant_id, '') LIMIT 1)
+        FROM t WHERE t.tenant IS NOT NULL
+    )
+    SELECT array_agg(heads.tenant ORDER BY heads.priority, heads.run_at, heads.id) INTO tenants
+    FROM (
+        SELECT t.tenant, h.priority, h.run_at, h.id
+        FROM (SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT 1000) t
+        CROSS JOIN LATERAL (
+            SELECT j.priority, j.run_at, j.id FROM job_run j
+            WHERE j.status = 'pending' AND j.pool = p_pool AND j.run_at <= now_
+              AND j.concurrency_key IS NULL AND j.rate_key IS NULL
+              AND coalesce(j.tenant_id, '') = t.tenant
+              AND (NOT types_paused
+                   OR NOT EXISTS (SELECT FROM pause p
+                                  WHERE p.kind = 'type' AND p.name = j.job_type))
+            ORDER BY j.priority, j.run_at, j.id
+            LIMIT 1
+        ) h
+        ORDER BY h.priority, h.run_at, h.id
+        LIMIT p_limit
+    ) heads;
+    IF tenants IS NULL THEN
+        RETURN;
+    END IF;
+    share := greatest(1, p_limit / cardinality(tenants));
+    SELECT coalesce(array_agg(f.id), '{}') INTO ids
+    FROM unnest(tenants) AS u(tenant)
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM job_run j
+        WHERE j.status = 'pending' AND j.pool = p_pool AND j.run_at <= now_
+          AND j.concurrency_key IS NULL AND j.rate_key IS NULL
+          AND coalesce(j.tenant_id, '') = u.tenant
+          AND (NOT types_paused
+               OR NOT EXISTS (SELECT FROM pause p WHERE p.kind = 'type' AND p.name = j.job_type))
+        ORDER BY j.priority, j.run_at, j.id
+        LIMIT share
+        FOR UPDATE SKIP LOCKED
+    ) f;
+    IF cardinality(ids) < p_limit THEN
+        SELECT coalesce(array_agg(m.id), '{}') INTO more
+        FROM (
+            SELECT j.id FROM job_run j
+            WHERE j.status = 'pending' AND j.pool = p_pool AND j.run_at <= now_
+              AND j.concurrency_key IS NULL AND j.rate_key IS NULL
+              AND NOT j.id = ANY (ids)
+              AND (NOT types_paused
+                   OR NOT EXISTS (SELECT FROM pause p
+                                  WHERE p.kind = 'type' AND p.name = j.job_type))
+            ORDER BY j.priority, j.run_at, j.id
+            LIMIT p_limit - cardinality(ids)
+            FOR UPDATE SKIP LOCKED
+        ) m;
+        ids := ids || more;
+    END IF;
+    RETURN QUERY
+        UPDATE job_run r
+        SET status = 'running', attempts = r.attempts + 1, fence = r.fence + 1,
+            claimed_at = now_, started_at = coalesce(r.started_at, now_),
+            leased_by = p_worker_id,
+            lease_expires_at = now_ + make_interval(secs => p_lease_s), updated_at = now_
+        WHERE r.id = ANY (ids)
+        RETURNING r.*;
+END
+$$;
 
 --
 -- Name: _claim_keyed(text, integer, text, double precision, timestamp with time zone); Type: FUNCTION; Schema: notifyq; Owner: -
@@ -186,6 +283,7 @@ DECLARE
     claimed   integer;
     remaining integer := p_limit;
     types_paused boolean;
+    live      timestamptz[];
 BEGIN
     IF EXISTS (SELECT FROM pause WHERE kind = 'pool' AND name = p_pool) THEN
         RETURN;
@@ -232,6 +330,81 @@ BEGIN
         GET DIAGNOSTICS claimed = ROW_COUNT;
         remaining := remaining - claimed;
     END LOOP;
+
+    -- Rate-limited keys: the distinct keys by a skip scan of job_run_claim_rated_idx (one
+    -- index probe per key, however long a key's backlog), each with its head run's definition.
+    FOR k IN
+        WITH RECURSIVE keys(key) AS (
+            (SELECT rate_key FROM job_run
+             WHERE status = 'pending' AND pool = p_pool AND rate_key IS NOT NULL
+             ORDER BY rate_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT rate_key FROM job_run
+                    WHERE status = 'pending' AND pool = p_pool AND rate_key > keys.key
+                    ORDER BY rate_key LIMIT 1)
+            FROM keys WHERE keys.key IS NOT NULL
+        )
+        SELECT keys.key, head.priority, head.run_at, d.rate_limit AS lim,
+               d.rate_period_s AS period_s
+        FROM (SELECT key FROM keys WHERE key IS NOT NULL LIMIT 1000) keys
+        CROSS JOIN LATERAL (
+            SELECT j.job_type, j.priority, j.run_at FROM job_run j
+            WHERE j.status = 'pending' AND j.pool = p_pool AND j.rate_key = keys.key
+              AND j.run_at <= now_
+              AND (NOT types_paused
+                   OR NOT EXISTS (SELECT FROM pause p
+                                  WHERE p.kind = 'type' AND p.name = j.job_type))
+            ORDER BY j.priority, j.run_at, j.id
+            LIMIT 1
+        ) head
+        LEFT JOIN job d ON d.type = head.job_type
+        ORDER BY head.priority, head.run_at
+    LOOP
+        EXIT WHEN remaining <= 0;
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext('notifyq.rate'), hashtext(k.key));
+        IF k.lim IS NULL THEN
+            -- The type's limit was removed: its queued runs go at the pace of free slots.
+            free := remaining;
+            live := '{}';
+        ELSE
+            SELECT coalesce(array_agg(s ORDER BY s), '{}') INTO live
+            FROM rate_window w, unnest(w.starts) AS s
+            WHERE w.key = k.key AND s > now_ - make_interval(secs => k.period_s);
+            free := least(k.lim - cardinality(live), remaining);
+        END IF;
+        CONTINUE WHEN free <= 0;
+        RETURN QUERY
+            WITH picked AS (
+                SELECT id FROM job_run j
+                WHERE status = 'pending' AND pool = p_pool AND rate_key = k.key
+                  AND run_at <= now_
+                  AND (NOT types_paused
+                       OR NOT EXISTS (SELECT FROM pause p
+                                      WHERE p.kind = 'type' AND p.name = j.job_type))
+                ORDER BY priority, run_at, id
+                LIMIT free
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE job_run r
+            SET status = 'running', attempts = r.attempts + 1, fence = r.fence + 1,
+                claimed_at = now_, started_at = coalesce(r.started_at, now_),
+                leased_by = p_worker_id,
+                lease_expires_at = now_ + make_interval(secs => p_lease_s), updated_at = now_
+            FROM picked
+            WHERE r.id = picked.id
+            RETURNING r.*;
+        GET DIAGNOSTICS claimed = ROW_COUNT;
+        remaining := remaining - claimed;
+        IF claimed > 0 AND k.lim IS NOT NULL THEN
+            INSERT INTO rate_window AS w (key, pool, rate_limit, period_s, starts, updated_at)
+            VALUES (k.key, p_pool, k.lim, k.period_s,
+                    live || array_fill(now_, ARRAY[claimed]), now_)
+            ON CONFLICT (key) DO UPDATE
+            SET pool = excluded.pool, rate_limit = excluded.rate_limit,
+                period_s = excluded.period_s, starts = excluded.starts,
+                updated_at = excluded.updated_at;
+        END IF;
+    END LOOP;
 END
 $$;
 
@@ -240,6 +413,37 @@ $$;
 --
 
 CREATE FUNCTION notifyq._enqueue(p_job_type text, p_input jsonb, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_priority integer DEFAULT NULL::integer, p_pool text DEFAULT NULL::text, p_max_attempts integer DEFAULT NULL::integer, p_dedupe_key text DEFAULT NULL::text, p_tags text[] DEFAULT NULL::text[], p_id uuid DEFAULT NULL::uuid, p_notify boolean DEFAULT true, p_dedupe_window_s double precision DEFAULT NULL::double precision, p_trigger_source text DEFAULT 'manual'::text, p_trigger_ref text DEFAULT NULL::text, p_concurrency_key text DEFAULT NULL::text, p_concurrency_limit integer DEFAULT NULL::integer, p_concurrency_collision text DEFAULT NULL::text, p_scope_entity_type text DEFAULT NULL::text, p_scope_entity_id text DEFAULT NULL::text, p_tenant_id text DEFAULT NULL::text, p_parent_run_id uuid DEFAULT NULL::uuid, p_root_run_id uuid DEFAULT NULL::uuid, p_parent_close_policy text DEFAULT NULL::text, p_allow_unknown_type boolean DEFAULT false, p_dedupe_states text[] DEFAULT NULL::text[]) RETURNS notifyq.job_run
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+DECLARE
+    run job_run;
+    def job;
+BEGIN
+    run := _enqueue_row(p_job_type, p_input, p_run_at, p_priority, p_pool, p_max_attempts,
+                        p_dedupe_key, p_tags, p_id, p_notify, p_dedupe_window_s,
+                        p_trigger_source, p_trigger_ref, p_concurrency_key, p_concurrency_limit,
+                        p_concurrency_collision, p_scope_entity_type, p_scope_entity_id,
+                        p_tenant_id, p_parent_run_id, p_root_run_id, p_parent_close_policy,
+                        p_allow_unknown_type, p_dedupe_states);
+    IF run.rate_key IS NULL AND run.concurrency_key IS NULL AND run.status = 'pending' THEN
+        SELECT * INTO def FROM job WHERE type = run.job_type;
+        IF def.rate_limit IS NOT NULL THEN
+            UPDATE job_run
+            SET rate_key = _rate_key(run.job_type, def.rate_key_template, run.input)
+            WHERE id = run.id
+            RETURNING * INTO run;
+        END IF;
+    END IF;
+    RETURN run;
+END
+$$;
+
+--
+-- Name: _enqueue_row(text, jsonb, timestamp with time zone, integer, text, integer, text, text[], uuid, boolean, double precision, text, text, text, integer, text, text, text, text, uuid, uuid, text, boolean, text[]); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._enqueue_row(p_job_type text, p_input jsonb, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_priority integer DEFAULT NULL::integer, p_pool text DEFAULT NULL::text, p_max_attempts integer DEFAULT NULL::integer, p_dedupe_key text DEFAULT NULL::text, p_tags text[] DEFAULT NULL::text[], p_id uuid DEFAULT NULL::uuid, p_notify boolean DEFAULT true, p_dedupe_window_s double precision DEFAULT NULL::double precision, p_trigger_source text DEFAULT 'manual'::text, p_trigger_ref text DEFAULT NULL::text, p_concurrency_key text DEFAULT NULL::text, p_concurrency_limit integer DEFAULT NULL::integer, p_concurrency_collision text DEFAULT NULL::text, p_scope_entity_type text DEFAULT NULL::text, p_scope_entity_id text DEFAULT NULL::text, p_tenant_id text DEFAULT NULL::text, p_parent_run_id uuid DEFAULT NULL::uuid, p_root_run_id uuid DEFAULT NULL::uuid, p_parent_close_policy text DEFAULT NULL::text, p_allow_unknown_type boolean DEFAULT false, p_dedupe_states text[] DEFAULT NULL::text[]) RETURNS notifyq.job_run
     LANGUAGE plpgsql
     SET search_path TO 'notifyq', 'public'
     AS $_$
@@ -417,6 +621,18 @@ BEGIN
     PERFORM pg_notify(current_schema(), 'd:' || NEW.id);
     RETURN NULL;
 END
+$$;
+
+--
+-- Name: _rate_key(text, text, jsonb); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._rate_key(p_job_type text, p_template text, p_input jsonb) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+    SELECT CASE WHEN p_template IS NULL THEN 'type:' || p_job_type
+                ELSE _expand_template(p_template, p_input) END
 $$;
 
 --
@@ -617,11 +833,18 @@ CREATE TABLE notifyq.job (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     scope_id_template text,
     dedupe_states text[],
+    rate_limit integer,
+    rate_period_s double precision,
+    rate_key_template text,
     CONSTRAINT job_concurrency_collision_check CHECK ((concurrency_collision = ANY (ARRAY['queue'::text, 'reject'::text, 'replace'::text]))),
     CONSTRAINT job_concurrency_limit_check CHECK ((concurrency_limit >= 1)),
     CONSTRAINT job_dedupe_states_check CHECK (((dedupe_states <@ ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text]) AND (cardinality(dedupe_states) > 0))),
     CONSTRAINT job_dedupe_window_s_check CHECK ((dedupe_window_s > (0)::double precision)),
     CONSTRAINT job_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT job_rate_key_template_check CHECK ((length(rate_key_template) <= 512)),
+    CONSTRAINT job_rate_limit_check CHECK (((rate_limit >= 1) AND (rate_limit <= 10000))),
+    CONSTRAINT job_rate_limit_complete CHECK (((rate_limit IS NULL) = (rate_period_s IS NULL))),
+    CONSTRAINT job_rate_period_s_check CHECK (((rate_period_s > (0)::double precision) AND (rate_period_s <= (86400)::double precision))),
     CONSTRAINT job_replay_from_check CHECK ((replay_from = ANY (ARRAY['scratch'::text, 'last_step'::text, 'last_checkpoint'::text]))),
     CONSTRAINT job_timeout_s_check CHECK ((timeout_s > (0)::double precision))
 );
@@ -779,6 +1002,19 @@ CREATE TABLE notifyq.periodic_tick (
     name text NOT NULL,
     tick_at timestamp with time zone NOT NULL,
     run_id uuid NOT NULL
+);
+
+--
+-- Name: rate_window; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.rate_window (
+    key text NOT NULL,
+    pool text NOT NULL,
+    rate_limit integer NOT NULL,
+    period_s double precision NOT NULL,
+    starts timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[] NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 --
@@ -1018,6 +1254,13 @@ ALTER TABLE ONLY notifyq.periodic_tick
     ADD CONSTRAINT periodic_tick_pkey PRIMARY KEY (name, tick_at);
 
 --
+-- Name: rate_window rate_window_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.rate_window
+    ADD CONSTRAINT rate_window_pkey PRIMARY KEY (key);
+
+--
 -- Name: schema_migration schema_migration_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
 --
 
@@ -1074,16 +1317,28 @@ ALTER TABLE ONLY notifyq.worker
     ADD CONSTRAINT worker_pkey PRIMARY KEY (id);
 
 --
+-- Name: job_run_claim_fair_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX job_run_claim_fair_idx ON notifyq.job_run USING btree (pool, COALESCE(tenant_id, ''::text), priority, run_at, id) WHERE ((status = 'pending'::text) AND (concurrency_key IS NULL) AND (rate_key IS NULL));
+
+--
 -- Name: job_run_claim_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
-CREATE INDEX job_run_claim_idx ON notifyq.job_run USING btree (pool, priority, run_at, id) WHERE ((status = 'pending'::text) AND (concurrency_key IS NULL));
+CREATE INDEX job_run_claim_idx ON notifyq.job_run USING btree (pool, priority, run_at, id) WHERE ((status = 'pending'::text) AND (concurrency_key IS NULL) AND (rate_key IS NULL));
 
 --
 -- Name: job_run_claim_keyed_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
 CREATE INDEX job_run_claim_keyed_idx ON notifyq.job_run USING btree (pool, concurrency_key, priority, run_at, id) WHERE ((status = 'pending'::text) AND (concurrency_key IS NOT NULL));
+
+--
+-- Name: job_run_claim_rated_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX job_run_claim_rated_idx ON notifyq.job_run USING btree (pool, rate_key, priority, run_at, id) WHERE ((status = 'pending'::text) AND (rate_key IS NOT NULL));
 
 --
 -- Name: job_run_dedupe_idx; Type: INDEX; Schema: notifyq; Owner: -

@@ -50,7 +50,7 @@ from notifyq._errors import (
     WebhookNotFound,
 )
 from notifyq._keys.columns import EncryptedColumn
-from notifyq._policies import ConcurrencyPolicy, DedupePolicy, RetryPolicy, Scope
+from notifyq._policies import ConcurrencyPolicy, DedupePolicy, RateLimit, RetryPolicy, Scope
 from notifyq._run import Run, RunInfo, RunStatus
 from notifyq._settings import Settings
 from notifyq._version import VERSION as _VERSION
@@ -82,6 +82,7 @@ __all__ = [
     "NotifyqError",
     "PayloadTooLarge",
     "Permanent",
+    "RateLimit",
     "ResultTimeout",
     "RetiredKeyVersion",
     "RetryPolicy",

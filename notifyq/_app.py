@@ -42,7 +42,14 @@ from notifyq._keys.reencrypt import Reencryptor
 from notifyq._limits import MAX_SIGNAL_TOKEN_LEN
 from notifyq._maintenance.scheduler import schedule_list, schedule_pause, schedule_resume
 from notifyq._pause import Pause, PauseControl
-from notifyq._policies import ConcurrencyPolicy, DedupePolicy, ReplayFrom, RetryPolicy, Scope
+from notifyq._policies import (
+    ConcurrencyPolicy,
+    DedupePolicy,
+    RateLimit,
+    ReplayFrom,
+    RetryPolicy,
+    Scope,
+)
 from notifyq._registry import PeriodicSpec, Registry
 from notifyq._run import Run, awaitable
 from notifyq._runtime import Runtime
@@ -166,19 +173,21 @@ class App:
                 timeout_s: float | None = None, pool: str = "default", priority: int = 0,
                 version: int = 1, concurrency: ConcurrencyPolicy | None = None,
                 dedupe: DedupePolicy | None = None, scope: Scope | None = None,
-                replay_from: ReplayFrom = "last_step") -> Callable[[T], T]:
+                replay_from: ReplayFrom = "last_step",
+                rate_limit: RateLimit | None = None) -> Callable[[T], T]:
         """Register a handler: an async function, a sync function (run in a worker thread), or
         a class / instance with a ``handle(ctx)`` method.
 
         Policies: ``retry`` (attempts and backoff), ``timeout_s``, ``concurrency`` (at most N
         running per key), ``dedupe`` (one run per key within a window), ``scope`` (the entity
-        a run is about), ``replay_from`` (which memoized steps a retry reuses).
+        a run is about), ``replay_from`` (which memoized steps a retry reuses), ``rate_limit``
+        (at most N runs started per period, per type or per key).
         """
         def register(target: T) -> T:
             self._registry.register(job_type, target, retry=retry, timeout_s=timeout_s,
                                    pool=pool, priority=priority, version=version,
                                    concurrency=concurrency, dedupe=dedupe, scope=scope,
-                                   replay_from=replay_from)
+                                   replay_from=replay_from, rate_limit=rate_limit)
             return target
         return register
 

@@ -53,16 +53,21 @@ from notifyq._app import App
 from notifyq._context import JobContext
 from notifyq._enqueue.request import EnqueueRequest
 from notifyq._errors import BenchError
-from notifyq._policies import ConcurrencyPolicy
+from notifyq._policies import ConcurrencyPolicy, RateLimit
 from notifyq._settings import load_settings
 from notifyq._version import VERSION
 
-SECTIONS = ("enqueue", "bulk", "drain", "latency", "sql", "durable")
+SECTIONS = ("enqueue", "bulk", "drain", "latency", "sql", "durable", "policies")
 DEFAULT_DATABASE = "notifyq_bench"
 DEFAULT_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 JOB_TYPE = "bench.noop"
 STEPS_TYPE = "bench.steps"
 KEYED_TYPE = "bench.keyed"
+RATED_TYPE = "bench.rated"
+POLICY_MODES = ("off", "fair", "rate_limited")
+"""The policies section's drains: a pool with no keyed handler (the plain claim alone), the
+same pool claimed fairly (runs spread over 10 tenants), and a type with a rate limit far above
+the drain rate (every claim goes through the keyed claim and its window; none waits)."""
 
 _BASELINE_DDL: LiteralString = """
 CREATE TABLE IF NOT EXISTS bench_plain (
@@ -101,12 +106,13 @@ class Sizes:
     durable_steps: int = 10
     keyed_queued: int = 10_000
     keyed_claims: int = 50
+    policies_n: int = 10_000
     repeats: int = 3
 
 
 QUICK = Sizes(enqueue_n=200, bulk_n=3000, drain_n=1000, drain_tries=(50,), latency_n=15,
               sql_n=2000, sql_connections=(1, 2), durable_n=50, durable_steps=3,
-              keyed_queued=300, keyed_claims=5, repeats=1)
+              keyed_queued=300, keyed_claims=5, policies_n=500, repeats=1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -379,6 +385,59 @@ class Bench:
                 f"{row['once']} completed with attempts = 1, {self.executed} handler calls; "
                 f"expected {n} of each")
 
+    # -- (7) rate limits and fair claiming: what they cost the drain -------------------------
+
+    async def policies(self) -> dict[str, Any]:
+        """Drains at the default concurrency with each POLICY_MODES app, interleaved
+        ``repeats`` times (medians), each on an emptied table and verified."""
+        n, base = self.sizes.policies_n, self.sizes.drain_base
+        rates: dict[str, list[float]] = {mode: [] for mode in POLICY_MODES}
+        cpu: dict[str, list[dict[str, float]]] = {mode: [] for mode in POLICY_MODES}
+        for _ in range(self.sizes.repeats):
+            for mode in POLICY_MODES:
+                rate, used = await self._policy_drain(mode, n, base)
+                rates[mode].append(rate)
+                cpu[mode].append(used)
+        out: dict[str, Any] = {"n": n, "concurrency": base, "verified_exactly_once": True}
+        for mode in POLICY_MODES:
+            out[mode] = {"jobs_per_s": _median(rates[mode]), "runs": rates[mode],
+                         **{k: _median([c[k] for c in cpu[mode]]) for k in cpu[mode][0]}}
+        return out
+
+    async def _policy_drain(self, mode: str, n: int, concurrency: int,
+                            ) -> tuple[float, dict[str, float]]:
+        worker = {"fair_pools": ["default"]} if mode == "fair" else {}
+        app = App(settings=load_settings(database_url=self.dsn, pool_max_size=16,
+                                         worker=worker))
+        job_type = RATED_TYPE if mode == "rate_limited" else JOB_TYPE
+        done = 0
+
+        async def noop(ctx: JobContext) -> None:
+            nonlocal done
+            done += 1
+
+        app.handler(job_type, rate_limit=RateLimit(limit=10_000, period_s=1.0)
+                    if mode == "rate_limited" else None)(noop)
+        async with app:
+            await self.reset()
+            # An empty burst stores the definition (the rate limit) before the enqueues.
+            await app.run_worker(concurrency=concurrency, burst=True)
+            for start in range(0, n, 1000):
+                await app.enqueue_many([
+                    EnqueueRequest(job_type=job_type, input={"i": i},
+                                   tenant_id=f"t{i % 10}" if mode == "fair" else None)
+                    for i in range(start, min(start + 1000, n))])
+            python_s, server_s = time.process_time(), await self._server_cpu_s()
+            rate = await _rate(n, lambda: app.run_worker(concurrency=concurrency, burst=True))
+            python_s = time.process_time() - python_s
+            server_s = await self._server_cpu_s() - server_s
+        async with (await self.app.pool()).connection() as conn:
+            row = await (await conn.execute(self._sql(_VERIFY))).fetchone()
+        if row is None or row["total"] != n or row["once"] != n or done != n:
+            raise BenchError(f"policies drain ({mode}) did not run every run exactly once")
+        return round(rate, 1), {"python_us_per_run": round(python_s / n * 1e6, 1),
+                                "server_us_per_run": round(server_s / n * 1e6, 1)}
+
     # -- (4) wake latency ------------------------------------------------------------------
 
     async def latency(self) -> dict[str, Any]:
@@ -457,7 +516,7 @@ class Bench:
                         "refunds": [0] * k, "wait_kinds": [None] * k,
                         "wait_tokens": [None] * k, "waiting_ons": [None] * k,
                         "pool": "default", "limit": self.sizes.sql_batch,
-                        "worker_id": "bench", "lease_s": 30.0})).fetchall()
+                        "worker_id": "bench", "lease_s": 30.0, "fair": False})).fetchall()
                     rows = [r for r in rows if r["claimed"]]
                     if not rows and not k:
                         return
@@ -552,6 +611,16 @@ def render(report: dict[str, Any]) -> str:
             ("", f"keyed claim past {du['keyed_queued']:,} queued runs of a busy key",
              f"{du['keyed_skipped_per_s']:,} skipped/s"),
         ]
+    if "policies" in report:
+        po = report["policies"]
+        labels = {"off": "no rate limit, plain claim", "fair": "fair claim, 10 tenants",
+                  "rate_limited": "rate limit 10,000/s (not reached)"}
+        for i, mode in enumerate(POLICY_MODES):
+            r = po[mode]
+            rows.append(("policies" if i == 0 else "",
+                         f"drain, concurrency {po['concurrency']}, {labels[mode]} (N={po['n']})",
+                         f"{_rate_text(r['jobs_per_s'])}; CPU {r['python_us_per_run']:,.0f} / "
+                         f"{r['server_us_per_run']:,.0f} us"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)] if rows else [0, 0, 0]
     lines += [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}" for a, b, c in rows]
     return "\n".join(lines)

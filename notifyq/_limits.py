@@ -32,6 +32,9 @@ MAX_TAG_LEN = 128
 MAX_KEY_LEN = 512
 """Dedupe and concurrency keys, tenant ids, scope entity types and ids."""
 CONCURRENCY_LIMIT_RANGE = (1, 100_000)
+RATE_LIMIT_RANGE = (1, 10_000)
+"""A RateLimit's ``limit`` (the window keeps one timestamp per start)."""
+RATE_PERIOD_MAX_S = 86_400.0
 MAX_SIGNAL_TOKEN_LEN = 512
 MAX_STEP_ID_LEN = 512
 MAX_RESULT_WAIT_S = 60.0

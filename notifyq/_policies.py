@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from notifyq._errors import InvalidEnqueue
-from notifyq._limits import MAX_ATTEMPTS_RANGE, MAX_KEY_LEN
+from notifyq._limits import MAX_ATTEMPTS_RANGE, MAX_KEY_LEN, RATE_LIMIT_RANGE, RATE_PERIOD_MAX_S
 from notifyq._run import DEDUPE_STATES, RUN_STATUSES
 
 
@@ -140,6 +140,42 @@ class DedupePolicy:
             raise ValueError(f"window_s must be positive, got {self.window_s}")
         check_dedupe_states(self.states, ValueError)
         object.__setattr__(self, "states", tuple(self.states))
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """At most ``limit`` runs start per ``period_s`` seconds, across every worker.
+
+    The limit counts per key: by default the job type; with ``key``, a template filled from
+    the input (``"api:{account_id}"``: a limit per account), or a constant shared by every type
+    that names it (``"pool:emails"``: one limit for all of them). Keys are templates, not
+    callables, so every enqueuer (other processes, plain SQL, the HTTP API) applies them. The
+    window slides: no ``period_s``-long interval sees more than ``limit`` starts (a retry is a
+    start too). Runs over the limit wait ``pending``; the rest of the pool is not held up.
+    Types that share a key should declare the same limit (a run's own type's limit applies).
+
+    Example::
+
+        RateLimit(limit=100, period_s=60, key="smtp:{tenant}")
+    """
+
+    limit: int
+    period_s: float = 1.0
+    """Defaults to 1.0."""
+    key: str | None = None
+    """Defaults to None (the job type)."""
+
+    def __post_init__(self) -> None:
+        low, high = RATE_LIMIT_RANGE
+        if not low <= self.limit <= high:
+            raise ValueError(f"limit must be between {low} and {high}, got {self.limit}")
+        if not 0 < self.period_s <= RATE_PERIOD_MAX_S:
+            raise ValueError(f"period_s must be in (0, {RATE_PERIOD_MAX_S:g}], "
+                             f"got {self.period_s}")
+        if self.key is not None and (not isinstance(self.key, str)
+                                     or not 0 < len(self.key) <= MAX_KEY_LEN):
+            raise ValueError(f"key must be a template string of 1 to {MAX_KEY_LEN} characters, "
+                             f"got {self.key!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from notifyq._limits import JOB_TYPE, POOL
 from notifyq._policies import (
     ConcurrencyPolicy,
     DedupePolicy,
+    RateLimit,
     ReplayFrom,
     RetryPolicy,
     Scope,
@@ -41,11 +42,12 @@ class HandlerSpec:
     dedupe: DedupePolicy | None = None
     scope: Scope | None = None
     replay_from: ReplayFrom = "last_step"
+    rate_limit: RateLimit | None = None
 
     def definition(self) -> dict[str, Any]:
         """The row this handler upserts into ``job``: its policies as data, so enqueuers in
         other processes and languages apply them (key templates; callables stay in Python)."""
-        c, d, s = self.concurrency, self.dedupe, self.scope
+        c, d, s, r = self.concurrency, self.dedupe, self.scope, self.rate_limit
         return {"type": self.job_type, "version": self.version, "pool": self.pool,
                 "priority": self.priority, "max_attempts": self.retry.attempts,
                 "retry_policy": self.retry.to_json(), "timeout_s": self.timeout_s,
@@ -57,7 +59,9 @@ class HandlerSpec:
                 "dedupe_states": list(d.states) if d else None,
                 "replay_from": self.replay_from,
                 "scope_entity_type": s.entity if s else None,
-                "scope_id_template": template_of(s.id_from) if s else None}
+                "scope_id_template": template_of(s.id_from) if s else None,
+                "rate_limit": r.limit if r else None, "rate_period_s": r.period_s if r else None,
+                "rate_key_template": r.key if r else None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +107,8 @@ class Registry:
                  timeout_s: float | None, pool: str, priority: int, version: int,
                  concurrency: ConcurrencyPolicy | None = None,
                  dedupe: DedupePolicy | None = None, scope: Scope | None = None,
-                 replay_from: ReplayFrom = "last_step") -> HandlerSpec:
+                 replay_from: ReplayFrom = "last_step",
+                 rate_limit: RateLimit | None = None) -> HandlerSpec:
         if not JOB_TYPE.fullmatch(job_type):
             raise ConfigError(f"invalid job type {job_type!r}: it must match {JOB_TYPE.pattern}")
         if not POOL.fullmatch(pool):
@@ -112,12 +117,16 @@ class Registry:
             raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
         if job_type in self._handlers:
             self._duplicate(job_type)
+        if concurrency is not None and rate_limit is not None:
+            raise ConfigError(f"{job_type!r}: a concurrency policy and a rate limit do not combine "
+                              "yet; keep one of them")
         call = _callable(target)
         if replay_from not in ("scratch", "last_step", "last_checkpoint"):
             raise ConfigError("replay_from must be scratch, last_step or last_checkpoint, "
                               f"got {replay_from!r}")
         spec = HandlerSpec(job_type, call, _is_async(call), retry or RetryPolicy(), timeout_s,
-                           pool, priority, version, concurrency, dedupe, scope, replay_from)
+                           pool, priority, version, concurrency, dedupe, scope, replay_from,
+                           rate_limit)
         self._handlers[job_type] = spec
         self._by_function[id(target)] = job_type
         return spec
@@ -145,9 +154,10 @@ class Registry:
         return list(self._handlers.values())
 
     def keyed_pools(self) -> set[str]:
-        """Pools with a handler that has a concurrency policy: their producers also run the
-        keyed claim."""
-        return {s.pool for s in self._handlers.values() if s.concurrency is not None}
+        """Pools with a handler that has a concurrency policy or a rate limit: their producers
+        also run the keyed claim."""
+        return {s.pool for s in self._handlers.values()
+                if s.concurrency is not None or s.rate_limit is not None}
 
     def pools(self) -> list[str]:
         return sorted({s.pool for s in self._handlers.values()})

@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -90,18 +91,24 @@ class WorkerSettings(_Section):
     like running ones, and released at shutdown. 0 claims only for free handlers. Defaults to
     the concurrency."""
 
-    @field_validator("pools", mode="before")
+    fair_pools: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Pools claimed fairly across tenants: each claim takes an even share of its batch from
+    every tenant with runnable runs (runs without a tenant are one more), so one tenant's
+    backlog cannot hold back another's runs. Costs the claim about one index probe per tenant.
+    Defaults to [] (every pool claims best priority, then oldest first)."""
+
+    @field_validator("pools", "fair_pools", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         return _string_list(value)
 
-    @field_validator("pools")
+    @field_validator("pools", "fair_pools")
     @classmethod
-    def _names(cls, pools: list[str]) -> list[str]:
+    def _names(cls, pools: list[str], info: ValidationInfo) -> list[str]:
         for pool in pools:
             if not POOL_NAME.fullmatch(pool):
                 raise ValueError(f"pool name {pool!r} must match {POOL_NAME.pattern}")
-        if not pools:
+        if not pools and info.field_name == "pools":
             raise ValueError("pools must name at least one pool")
         return pools
 

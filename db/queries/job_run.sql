@@ -34,7 +34,7 @@ SELECT * FROM {schema}._enqueue(
 -- own type, accepted by `accept_types`).
 INSERT INTO {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at,
                               max_attempts, timeout_s, tags, scope_entity_type, scope_entity_id,
-                              tenant_id, defaulted, trace_context)
+                              tenant_id, defaulted, trace_context, rate_key)
 SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.pool, 'default'),
        coalesce(r.priority, d.priority_default, 0), coalesce(r.run_at, now()),
        coalesce(r.max_attempts, d.max_attempts, 25), d.timeout_s, coalesce(r.tags, ARRAY[]::text[]),
@@ -53,7 +53,10 @@ SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.poo
                  OR {schema}._accept_unknown_job_type(r.job_type)
             THEN ((r.pool IS NULL)::integer + 2 * (r.priority IS NULL)::integer
                   + 4 * (r.max_attempts IS NULL)::integer)::smallint END,
-       r.trace_context
+       r.trace_context,
+       -- A rate-limited type (migration 0015): the run's key, its type or its filled template.
+       CASE WHEN d.rate_limit IS NOT NULL
+            THEN {schema}._rate_key(r.job_type, d.rate_key_template, r.input) END
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb, pool text,
      priority integer, run_at timestamptz, max_attempts integer, tags text[],
      scope_entity_type text, scope_entity_id text, tenant_id text, trace_context jsonb)
@@ -88,7 +91,8 @@ RETURNING id, job_type, job_version, status, pool, priority, run_at, attempts, m
 WITH inserted AS (
     INSERT INTO {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at,
                                   max_attempts, timeout_s, tags, scope_entity_type,
-                                  scope_entity_id, tenant_id, defaulted, trace_context)
+                                  scope_entity_id, tenant_id, defaulted, trace_context,
+                                  rate_key)
     SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.pool, 'default'),
            coalesce(r.priority, d.priority_default, 0), coalesce(r.run_at, now()),
            coalesce(r.max_attempts, d.max_attempts, 25), d.timeout_s,
@@ -104,7 +108,10 @@ WITH inserted AS (
                      OR {schema}._accept_unknown_job_type(r.job_type)
                 THEN ((r.pool IS NULL)::integer + 2 * (r.priority IS NULL)::integer
                       + 4 * (r.max_attempts IS NULL)::integer)::smallint END,
-           r.trace_context
+           r.trace_context,
+           -- Rate-limited types: see job_run_insert_many.
+           CASE WHEN d.rate_limit IS NOT NULL
+                THEN {schema}._rate_key(r.job_type, d.rate_key_template, r.input) END
     FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb, pool text,
          priority integer, run_at timestamptz, max_attempts integer, tags text[],
          scope_entity_type text, scope_entity_id text, tenant_id text, trace_context jsonb)
@@ -140,9 +147,17 @@ SELECT * FROM {schema}._claim_keyed(%(pool)s, %(limit)s, %(worker_id)s, %(lease_
 -- When the pool has nothing runnable now: seconds until the earliest scheduled run_at, so the
 -- producer can wake exactly then instead of at the next poll. Computed by the database, whose
 -- clock also decides runnability, so host clock skew cannot make a worker wake early or late.
-SELECT extract(epoch FROM min(run_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS delay_s
-FROM {schema}.job_run
-WHERE status = 'pending' AND pool = %(pool)s AND run_at > coalesce(%(now)s::timestamptz, now())
+-- A rate-limited key whose window is full counts too: it has room again when its oldest start
+-- leaves the window (migration 0015).
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+SELECT extract(epoch FROM least(
+           (SELECT min(run_at) FROM {schema}.job_run, n
+            WHERE status = 'pending' AND pool = %(pool)s AND run_at > n.now),
+           (SELECT min(w.starts[1] + make_interval(secs => w.period_s)) FROM {schema}.rate_window w, n
+            WHERE w.pool = %(pool)s AND cardinality(w.starts) >= w.rate_limit
+              AND w.starts[1] + make_interval(secs => w.period_s) > n.now)
+       ) - n.now)::float8 AS delay_s
+FROM n
 
 -- name: job_run_finish_and_claim
 -- A worker's one statement per cycle: writes back the runs it finished and claims the next ones,
@@ -199,10 +214,13 @@ finished AS (
     WHERE r.id = v.id AND r.fence = v.fence AND r.status = 'running'
     RETURNING r.id, r.pool, r.status
 ),
+-- The plain claim: best priority, then oldest first. In fair mode (worker.fair_pools, migration
+-- 0015) _claim_fair claims instead: see it for how.
 picked AS (
     SELECT id FROM {schema}.job_run j, n
-    WHERE status = 'pending' AND pool = %(pool)s AND run_at <= n.now
-      AND concurrency_key IS NULL
+    WHERE NOT %(fair)s
+      AND status = 'pending' AND pool = %(pool)s AND run_at <= n.now
+      AND concurrency_key IS NULL AND rate_key IS NULL
       AND NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'pool' AND name = %(pool)s)
       AND (NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'type')
            OR NOT EXISTS (SELECT FROM {schema}.pause p
@@ -222,6 +240,13 @@ claimed AS (
     RETURNING r.id, r.job_type, r.job_version, r.input, r.pool, r.priority, r.run_at, r.attempts,
               r.max_attempts, r.timeout_s, r.fence, r.tags, r.parent_run_id, r.root_run_id,
               r.dedupe_key, r.created_at, r.cancel_requested_at, r.claimed_at, r.trace_context
+),
+claimed_fairly AS (
+    SELECT f.id, f.job_type, f.job_version, f.input, f.pool, f.priority, f.run_at, f.attempts,
+           f.max_attempts, f.timeout_s, f.fence, f.tags, f.parent_run_id, f.root_run_id,
+           f.dedupe_key, f.created_at, f.cancel_requested_at, f.claimed_at, f.trace_context
+    FROM n, {schema}._claim_fair(%(pool)s, %(limit)s, %(worker_id)s, %(lease_s)s, n.now) f
+    WHERE %(fair)s
 )
 SELECT false AS claimed, id, pool, status, NULL::text AS job_type, NULL::integer AS job_version,
        NULL::jsonb AS input, NULL::integer AS priority, NULL::timestamptz AS run_at,
@@ -232,10 +257,12 @@ SELECT false AS claimed, id, pool, status, NULL::text AS job_type, NULL::integer
        NULL::jsonb AS trace_context
 FROM finished
 UNION ALL
-SELECT true, id, pool, 'running', job_type, job_version, input, priority, run_at, attempts,
-       max_attempts, timeout_s, fence, tags, parent_run_id, root_run_id, dedupe_key, created_at,
-       cancel_requested_at, claimed_at, trace_context
-FROM claimed
+-- In claim order: the worker starts them in the order they come.
+(SELECT true, id, pool, 'running', job_type, job_version, input, priority, run_at, attempts,
+        max_attempts, timeout_s, fence, tags, parent_run_id, root_run_id, dedupe_key, created_at,
+        cancel_requested_at, claimed_at, trace_context
+ FROM (SELECT * FROM claimed UNION ALL SELECT * FROM claimed_fairly) c
+ ORDER BY priority, run_at, id)
 
 -- name: job_run_heartbeat_many
 -- Extends the leases of the runs a worker is executing; a run missing from the result has been

@@ -18,6 +18,7 @@ from notifyq._control import RunFilter
 from notifyq._http.schemas import responses_for
 from notifyq._limits import JOB_TYPE, POOL
 from notifyq._pause import PauseKind
+from notifyq._rate import list_windows
 from notifyq._run import RunStatus
 
 AUTH = (401, 403)
@@ -71,6 +72,15 @@ def add_cluster_routes(router: APIRouter, app: App, read: list[Any], admin: list
     async def series(minutes: Annotated[int, Query(ge=1, le=1440)] = 60) -> dict[str, Any]:
         async with (await app.pool()).connection() as conn:
             return {"items": await control.series(conn, minutes)}
+
+    @router.get("/rate-limits", dependencies=read, response_model=schemas.RateWindowsOut,
+                responses=responses_for(*AUTH),
+                summary="Rate-limited keys: starts in the current window, runnable backlog, "
+                        "when the next run may start")
+    async def rate_limits() -> dict[str, Any]:
+        async with (await app.pool()).connection() as conn:
+            windows = await list_windows(conn, app._runtime.queries, app.clock)
+        return {"items": [w.to_json() for w in windows]}
 
     @router.get("/workers", dependencies=read, response_model=schemas.WorkersOut,
                 responses=responses_for(*AUTH),

@@ -180,6 +180,20 @@ class PausesOut(BaseModel):
     items: list[PauseOut]
 
 
+class RateWindowOut(BaseModel):
+    key: str
+    pool: str
+    limit: int
+    period_s: float
+    in_window: int = Field(description="starts inside the last period_s seconds")
+    runnable: int = Field(description="runs of the key waiting to start")
+    next_start_at: datetime | None = Field(description="when the next run may start; null: now")
+
+
+class RateWindowsOut(BaseModel):
+    items: list[RateWindowOut]
+
+
 class SignalOut(BaseModel):
     token: str
     woken: int = Field(description="1: a waiting run received it; 0: queued for the next "

@@ -1,4 +1,5 @@
-"""``notifyq pause pool|type NAME``, ``notifyq resume pool|type NAME`` and ``notifyq paused``."""
+"""``notifyq pause pool|type NAME``, ``notifyq resume pool|type NAME``, ``notifyq paused`` and
+``notifyq rate-limits``: what holds claimable work back."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from notifyq._app import App
 from notifyq._console import Parser, print_json, table, when, with_conn
 from notifyq._db.pool import AsyncConn
 from notifyq._pause import KINDS, PauseKind, check_target
+from notifyq._rate import list_windows
 
 _COLUMNS = ("KIND", "NAME", "PAUSED AT", "REASON")
 
@@ -27,6 +29,11 @@ def add_pause_commands(sub: Any) -> None:
     paused = sub.add_parser("paused", help="list the paused pools and job types")
     paused.add_argument("--json", action="store_true", help="print a JSON array")
     paused.set_defaults(func=cmd_paused)
+
+    rates = sub.add_parser("rate-limits", help="list rate-limited keys: starts in the current "
+                           "window, runnable backlog, when the next run may start")
+    rates.add_argument("--json", action="store_true", help="print a JSON array")
+    rates.set_defaults(func=cmd_rate_limits)
 
 
 def _target(parser: Parser) -> None:
@@ -82,5 +89,24 @@ def cmd_paused(args: argparse.Namespace) -> int:
         else:
             print(table(_COLUMNS, [[p.kind, p.name, when(p.paused_at), p.reason or ""]
                                    for p in items]))
+        return 0
+    return with_conn(go)
+
+
+_RATE_COLUMNS = ("KEY", "POOL", "LIMIT", "IN WINDOW", "RUNNABLE", "NEXT START")
+
+
+def cmd_rate_limits(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        items = await list_windows(conn, app._runtime.queries, app.clock)
+        if args.json:
+            print_json([w.to_json() for w in items])
+        elif not items:
+            print("no rate-limited key has started a run")
+        else:
+            print(table(_RATE_COLUMNS, [
+                [w.key, w.pool, f"{w.limit}/{w.period_s:g}s", str(w.in_window),
+                 str(w.runnable), when(w.next_start_at) if w.next_start_at else "now"]
+                for w in items]))
         return 0
     return with_conn(go)

@@ -124,6 +124,10 @@ class QueryNames:
     periodic_schedule_pause: LiteralString
     periodic_schedule_resume: LiteralString
 
+    # db/queries/rate_window.sql
+    rate_window_list: LiteralString
+    rate_window_prune: LiteralString
+
     # db/queries/webhook_attempt.sql
     webhook_attempt_record_many: LiteralString
     webhook_attempt_list: LiteralString

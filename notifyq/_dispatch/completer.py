@@ -57,6 +57,7 @@ class Claim:
 
     pool: str
     keyed: bool
+    fair: bool
     take: Callable[[], int]
     start: Callable[[dict[str, Any]], None]
     want: int = 0
@@ -224,7 +225,7 @@ class Completer:
                     "now": params["now"], "pool": claim.pool, "limit": claim.want,
                     "worker_id": self._worker_id, "lease_s": self._lease_s})).fetchall()
                 rows = [{**row, "claimed": True} for row in keyed]
-            params.update(pool=claim.pool, limit=claim.want - len(rows))
+            params.update(pool=claim.pool, limit=claim.want - len(rows), fair=claim.fair)
         if params["limit"] or params["ids"]:
             cur = await conn.execute(self._q.job_run_finish_and_claim, params)
             rows += await cur.fetchall()
@@ -243,5 +244,6 @@ class Completer:
             "wait_kinds": [i.outcome.wait_kind for i in writes],
             "wait_tokens": [i.outcome.wait_token for i in writes],
             "waiting_ons": [i.outcome.waiting_on for i in writes],
-            "pool": "", "limit": 0, "worker_id": self._worker_id, "lease_s": self._lease_s,
+            "pool": "", "limit": 0, "fair": False, "worker_id": self._worker_id,
+            "lease_s": self._lease_s,
         }

@@ -75,8 +75,10 @@ class Producer:
         self._burst = burst
         self._wake = anyio.Event()
         self.keyed = False
-        """Also claim runs with a concurrency key (set when a handler of this pool has a
-        ConcurrencyPolicy): they are left out of the plain claim."""
+        """Also claim runs with a concurrency key or a rate limit (set when a handler of this
+        pool has a ConcurrencyPolicy or a RateLimit): they are left out of the plain claim."""
+        self.fair = False
+        """Claim round-robin across tenants (``worker.fair_pools``)."""
         self.claimed = 0
         self.claims = 0
 
@@ -88,7 +90,7 @@ class Producer:
         while True:
             await self._slots.wait_free()
             self._wake = anyio.Event()  # before claiming: a NOTIFY from now on is not lost
-            request = Claim(self.pool_name, self.keyed, self._take, self._start)
+            request = Claim(self.pool_name, self.keyed, self.fair, self._take, self._start)
             try:
                 await self._completer.claim(request)
             except psycopg.OperationalError as exc:

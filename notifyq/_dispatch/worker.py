@@ -89,6 +89,8 @@ class Worker:
         }
         for pool in registry.keyed_pools() & set(self.producers):
             self.producers[pool].keyed = True
+        for pool in set(cfg.fair_pools) & set(self.producers):
+            self.producers[pool].fair = True
         self.notifier = Notifier(listen_dsn, queries) if (listen_dsn and cfg.listen) else None
         if self.notifier is not None:
             self.notifier.subscribe(self._on_notification)

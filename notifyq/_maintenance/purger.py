@@ -38,6 +38,7 @@ class Purger:
                 batch = cur.rowcount
                 if batch < self.config.batch_size:
                     await conn.execute(self._q.periodic_tick_prune, {"now": self._clock.db_now()})
+                    await conn.execute(self._q.rate_window_prune, {"now": self._clock.db_now()})
             deleted += batch
             if batch < self.config.batch_size:
                 break

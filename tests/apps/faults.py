@@ -10,6 +10,8 @@ Besides the ledger handlers it has:
 * ``faults.slow``: sleeps ``input.seconds``, then records the same way.
 * ``faults.poison``: kills its worker process (``os._exit(1)``).
 * ``faults.hang`` / ``faults.hang_sync``: never return (timeout 0.5 s, 2 attempts).
+* ``faults.rated``: records like ``faults.record``, at most 5 starts per 0.5 s cluster-wide;
+  ``faults.rated_by_account``: the same limit per ``input.account``.
 
 ``FAULTS_DDL`` creates the ledger, the replay table and ``completion_log``, filled by a trigger
 on every transition of a run to ``completed``: at-most-once completion is
@@ -26,7 +28,7 @@ import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from notifyq import App, JobContext, RetryPolicy
+from notifyq import App, JobContext, RateLimit, RetryPolicy
 from tests.apps import ledger
 from tests.apps.ledger import LEDGER_DDL
 
@@ -120,3 +122,14 @@ async def hang(ctx: JobContext) -> None:
 @app.handler("faults.hang_sync", timeout_s=0.5, retry=_HANG)
 def hang_sync(ctx: JobContext) -> None:
     threading.Event().wait()
+
+
+@app.handler("faults.rated", retry=_QUICK_RETRY, rate_limit=RateLimit(limit=5, period_s=0.5))
+async def rated(ctx: JobContext) -> dict[str, int]:
+    return await record(ctx)
+
+
+@app.handler("faults.rated_by_account", retry=_QUICK_RETRY,
+             rate_limit=RateLimit(limit=5, period_s=0.5, key="account:{account}"))
+async def rated_by_account(ctx: JobContext) -> dict[str, int]:
+    return await record(ctx)

@@ -46,20 +46,23 @@ def no_waits(n: int) -> dict[str, list[None]]:
     return {"wait_kinds": [None] * n, "wait_tokens": [None] * n, "waiting_ons": [None] * n}
 
 
-NO_CLAIM: dict[str, Any] = {"pool": "default", "limit": 0, "worker_id": None, "lease_s": 0.0}
+NO_CLAIM: dict[str, Any] = {"pool": "default", "limit": 0, "worker_id": None, "lease_s": 0.0,
+                            "fair": False}
 """job_run_finish_and_claim's claim parameters for a statement that only writes back."""
 
 NO_WRITES: dict[str, Any] = {
     "ids": [], "fences": [], "statuses": [], "outputs": [], "errors": [], "run_ats": [],
-    "refunds": [], **no_waits(0)}
-"""job_run_finish_and_claim's write-back parameters for a statement that only claims."""
+    "refunds": [], **no_waits(0), "fair": False}
+"""job_run_finish_and_claim's write-back parameters for a statement that only claims (in the
+plain claim mode)."""
 
 
 DEFINITION = {"version": 1, "pool": "default", "priority": 0, "max_attempts": 25,
               "retry_policy": "{}", "timeout_s": None, "concurrency_key_template": None,
               "concurrency_collision": None, "concurrency_limit": None,
               "dedupe_key_template": None, "dedupe_window_s": None, "replay_from": "last_step",
-              "scope_entity_type": None, "scope_id_template": None, "dedupe_states": None}
+              "scope_entity_type": None, "scope_id_template": None, "dedupe_states": None,
+              "rate_limit": None, "rate_period_s": None, "rate_key_template": None}
 """job_upsert's parameters for a definition without policies."""
 
 

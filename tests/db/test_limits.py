@@ -114,7 +114,7 @@ def test_the_status_checks_name_the_run_statuses(db: Conn) -> None:
 
 
 def test_the_enqueue_function_states_the_python_limits(db: Conn) -> None:
-    body = _function(db, "_enqueue")
+    body = _function(db, "_enqueue_row")  # _enqueue wraps it (migration 0015)
     (low_p, high_p), (low_a, high_a) = PRIORITY_RANGE, MAX_ATTEMPTS_RANGE
     start, end = RUN_AT_RANGE
     for stated in [

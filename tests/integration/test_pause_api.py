@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,31 @@ def test_the_cli_pauses_lists_and_resumes(dsn: str, sql: Conn) -> None:
 
 def _equal(actual: object, expected: object) -> None:
     assert actual == expected, actual
+
+
+def test_rate_limited_keys_are_listed_over_http_and_by_the_cli(served: Served, sql: Conn,
+                                                                dsn: str) -> None:
+    # A pool no worker serves: this test claims as a worker with the handler would.
+    sql.execute("INSERT INTO notifyq.job (type, pool, rate_limit, rate_period_s) "
+                "VALUES ('svc.rated', 'rated', 2, 60)")
+    sql.execute("SELECT notifyq.enqueue('svc.rated', '{}') FROM generate_series(1, 3)")
+    # Two start; the third waits a minute.
+    claimed = sql.execute("SELECT count(*) FROM notifyq._claim_keyed('rated', 10, 'w', 30, "
+                          "NULL)").fetchone()
+    assert claimed == (2,)
+    with served.client(READER) as http:
+        listed = http.get("/v1/rate-limits")
+    assert listed.status_code == 200, listed.text
+    [window] = listed.json()["items"]
+    assert {k: window[k] for k in ("key", "pool", "limit", "period_s", "in_window",
+                                   "runnable")} == {
+        "key": "type:svc.rated", "pool": "rated", "limit": 2, "period_s": 60.0,
+        "in_window": 2, "runnable": 1}
+    assert window["next_start_at"] is not None
+    with served.client(None) as anonymous:
+        assert anonymous.get("/v1/rate-limits").status_code == 401
+    [row] = json.loads(ok(dsn, "rate-limits", "--json"))
+    moment = datetime.fromisoformat
+    assert moment(row.pop("next_start_at")) == moment(window.pop("next_start_at"))
+    assert row == window
+    assert "type:svc.rated" in ok(dsn, "rate-limits")
