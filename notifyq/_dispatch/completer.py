@@ -232,6 +232,9 @@ class Completer:
         return rows
 
     def _params(self, writes: list[_Pending]) -> dict[str, Any]:
+        # In id order, like the heartbeat's: both statements lock the worker's running rows one
+        # by one in array order, and two orders could deadlock each other.
+        writes = sorted(writes, key=lambda i: i.run_id)
         return {
             "now": self._clock.db_now(),
             "ids": [i.run_id for i in writes],

@@ -256,7 +256,8 @@ class Worker:
         interval = self._settings.worker.heartbeat_every_s
         while True:
             await anyio.sleep(interval)
-            running = list(self.active.values())
+            # In id order, like the completer's write-backs (see Completer._params).
+            running = sorted(self.active.values(), key=lambda e: e.id)
             try:
                 async with self._db.connection() as conn:
                     cur = await conn.execute(self._q.worker_heartbeat, self._registration())
