@@ -10,7 +10,6 @@ to such a token with 403 (:meth:`Authenticator.require` with ``every_tenant=True
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -82,24 +81,34 @@ class Authenticator:
             return f"invalid bearer token: {HOW_TO_AUTHENTICATE}"
         return token
 
-    def require(self, scope: Scope, *,
-                every_tenant: bool = False) -> Callable[[Request], Awaitable[str]]:
+    def require(self, scope: Scope, *, every_tenant: bool = False) -> TokenCheck:
         """A FastAPI dependency: 401 without a valid token, 403 when it lacks ``scope`` (or,
-        with ``every_tenant``, when it is limited to tenants). The token is left in
-        ``request.state.token`` for :func:`token_tenants`."""
-        async def check(request: Request) -> str:
-            token = self.authenticate(request.headers.get("authorization", ""))
-            if isinstance(token, str):
-                raise HTTPException(401, token, headers=CHALLENGE)
-            if scope not in token.scopes:
-                raise HTTPException(403, f"token {token.name!r} lacks the {scope!r} scope")
-            if every_tenant and token.tenants is not None:
-                raise HTTPException(403, f"token {token.name!r} is limited to tenants; this "
-                                    "operation is about every tenant: use a token configured "
-                                    "without `tenants`")
-            request.state.token = token
-            return token.name
-        return check
+        with ``every_tenant``, when it is limited to tenants)."""
+        return TokenCheck(self, scope, every_tenant)
+
+
+@dataclass(frozen=True)
+class TokenCheck:
+    """The dependency :meth:`Authenticator.require` makes. The token is left in
+    ``request.state.token`` for :func:`token_tenants`. Every ``/v1`` route either takes
+    :func:`token_tenants` (and filters by it) or has ``every_tenant`` (a test holds it)."""
+
+    auth: Authenticator
+    scope: Scope
+    every_tenant: bool
+
+    async def __call__(self, request: Request) -> str:
+        token = self.auth.authenticate(request.headers.get("authorization", ""))
+        if isinstance(token, str):
+            raise HTTPException(401, token, headers=CHALLENGE)
+        if self.scope not in token.scopes:
+            raise HTTPException(403, f"token {token.name!r} lacks the {self.scope!r} scope")
+        if self.every_tenant and token.tenants is not None:
+            raise HTTPException(403, f"token {token.name!r} is limited to tenants; this "
+                                "operation is about every tenant: use a token configured "
+                                "without `tenants`")
+        request.state.token = token
+        return token.name
 
 
 def token_tenants(request: Request) -> list[str] | None:

@@ -14,8 +14,15 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+from pydantic import SecretStr
 
+from notifyq import App
+from notifyq._api.routes import build_router
+from notifyq._http.auth import Authenticator, TokenCheck, token_tenants
 from tests import vault
+from tests.conftest import fast_settings
 from tests.integration.serving import ADMIN, READER, Served
 from tests.ui.dashboard import Dashboard
 
@@ -224,3 +231,24 @@ def test_the_dashboard_refuses_a_tenant_token_and_says_why(served: Served) -> No
         assert dashboard.get("/ui/runs").status_code != 200
     with Dashboard(served) as dashboard:
         assert dashboard.sign_in(ADMIN).status_code == 303
+
+
+def _calls(dependant: Dependant) -> list[Any]:
+    return [c for d in dependant.dependencies for c in (d.call, *_calls(d))]
+
+
+def test_every_v1_route_filters_by_the_tokens_tenants_or_refuses_tenant_tokens(
+        dsn: str) -> None:
+    """A route added later cannot forget the tenants: it takes token_tenants (and passes them
+    to its queries) or is about every tenant (require(..., every_tenant=True))."""
+    settings = fast_settings(dsn, keys=SecretStr(vault.keys_env(1, active=1)["NOTIFYQ_KEYS"]),
+                             active_key_version=1)
+    app = App(settings=settings.model_copy(update={"webhooks": settings.webhooks.model_copy(
+        update={"enabled": True})}))
+    routes = build_router(app, Authenticator(app.settings.api), None).routes
+    assert any(isinstance(r, APIRoute) and r.path.startswith("/v1/webhooks/") for r in routes)
+    for route in routes:
+        assert isinstance(route, APIRoute)
+        calls = _calls(route.dependant)
+        [check] = [c for c in calls if isinstance(c, TokenCheck)]
+        assert check.every_tenant != (token_tenants in calls), (route.path, route.methods)
