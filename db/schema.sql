@@ -712,6 +712,53 @@ END
 $_$;
 
 --
+-- Name: _signal(text, jsonb, text[]); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._signal(p_token text, p_payload jsonb, p_tenant_ids text[]) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+DECLARE
+    waiter record;
+BEGIN
+    IF p_token IS NULL OR length(p_token) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'notifyq: signal token must be 1 to 512 characters'
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT r.id, r.pool INTO waiter FROM job_run r
+    WHERE r.status = 'waiting' AND r.wait_kind = 'signal' AND r.wait_token = p_token
+      AND (p_tenant_ids IS NULL OR r.tenant_id = ANY (p_tenant_ids))
+    ORDER BY r.updated_at, r.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        -- The wait step ctx.wait_for_signal recorded before parking the run; its replay finds
+        -- it completed and returns the payload.
+        UPDATE job_step
+        SET status = 'completed', output = jsonb_build_object('payload',
+                                                              coalesce(p_payload, '{}')),
+            finished_at = now()
+        WHERE run_id = waiter.id AND step_id = 'signal:' || p_token
+          AND status = 'running';
+        IF NOT FOUND THEN
+            -- No wait step to write into (a run parked by an older notifyq): queue the signal
+            -- for its replay to take.
+            INSERT INTO job_signal (token, payload) VALUES (p_token, coalesce(p_payload, '{}'));
+        END IF;
+        UPDATE job_run SET status = 'pending', run_at = now(), updated_at = now()
+        WHERE id = waiter.id;
+        PERFORM pg_notify(current_schema(), 'j:' || waiter.pool);
+        RETURN 1;
+    END IF;
+    IF p_tenant_ids IS NULL THEN
+        INSERT INTO job_signal (token, payload) VALUES (p_token, coalesce(p_payload, '{}'));
+    END IF;
+    RETURN 0;
+END
+$$;
+
+--
 -- Name: enqueue(text, jsonb, timestamp with time zone, integer, text, integer, text, text[], text, text, text, boolean); Type: FUNCTION; Schema: notifyq; Owner: -
 --
 
@@ -755,44 +802,10 @@ $$;
 --
 
 CREATE FUNCTION notifyq.signal(token text, payload jsonb DEFAULT '{}'::jsonb) RETURNS integer
-    LANGUAGE plpgsql
+    LANGUAGE sql
     SET search_path TO 'notifyq', 'public'
     AS $$
-DECLARE
-    waiter record;
-BEGIN
-    IF signal.token IS NULL OR length(signal.token) NOT BETWEEN 1 AND 512 THEN
-        RAISE EXCEPTION 'notifyq: signal token must be 1 to 512 characters'
-            USING ERRCODE = '22023';
-    END IF;
-    SELECT r.id, r.pool INTO waiter FROM job_run r
-    WHERE r.status = 'waiting' AND r.wait_kind = 'signal' AND r.wait_token = signal.token
-    ORDER BY r.updated_at, r.id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED;
-    IF FOUND THEN
-        -- The wait step ctx.wait_for_signal recorded before parking the run; its replay finds
-        -- it completed and returns the payload.
-        UPDATE job_step
-        SET status = 'completed', output = jsonb_build_object('payload',
-                                                              coalesce(signal.payload, '{}')),
-            finished_at = now()
-        WHERE run_id = waiter.id AND step_id = 'signal:' || signal.token
-          AND status = 'running';
-        IF NOT FOUND THEN
-            -- No wait step to write into (a run parked by an older notifyq): queue the signal
-            -- for its replay to take.
-            INSERT INTO job_signal (token, payload)
-            VALUES (signal.token, coalesce(signal.payload, '{}'));
-        END IF;
-        UPDATE job_run SET status = 'pending', run_at = now(), updated_at = now()
-        WHERE id = waiter.id;
-        PERFORM pg_notify(current_schema(), 'j:' || waiter.pool);
-        RETURN 1;
-    END IF;
-    INSERT INTO job_signal (token, payload) VALUES (signal.token, coalesce(signal.payload, '{}'));
-    RETURN 0;
-END
+    SELECT _signal(signal.token, signal.payload, NULL)
 $$;
 
 --
@@ -1100,7 +1113,9 @@ CREATE TABLE notifyq.webhook_endpoint (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     header_values bytea,
+    tenant_id text,
     CONSTRAINT webhook_endpoint_headers_check CHECK ((jsonb_typeof(headers) = 'object'::text)),
+    CONSTRAINT webhook_endpoint_tenant_id_check CHECK (((length(tenant_id) >= 1) AND (length(tenant_id) <= 512))),
     CONSTRAINT webhook_endpoint_url_check CHECK (((length(url) >= 1) AND (length(url) <= 2048)))
 );
 
@@ -1395,6 +1410,12 @@ CREATE INDEX job_run_scheduled_idx ON notifyq.job_run USING btree (pool, run_at)
 CREATE INDEX job_run_scope_idx ON notifyq.job_run USING btree (scope_entity_type, scope_entity_id, id) WHERE (scope_entity_id IS NOT NULL);
 
 --
+-- Name: job_run_tenant_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX job_run_tenant_idx ON notifyq.job_run USING btree (tenant_id, id) WHERE (tenant_id IS NOT NULL);
+
+--
 -- Name: job_run_wait_token_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
@@ -1447,6 +1468,12 @@ CREATE INDEX webhook_delivery_endpoint_idx ON notifyq.webhook_delivery USING btr
 --
 
 CREATE INDEX webhook_delivery_endpoint_message_idx ON notifyq.webhook_delivery USING btree (endpoint_id, message_id);
+
+--
+-- Name: webhook_endpoint_tenant_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX webhook_endpoint_tenant_idx ON notifyq.webhook_endpoint USING btree (tenant_id, id) WHERE (tenant_id IS NOT NULL);
 
 --
 -- Name: webhook_secret_endpoint_idx; Type: INDEX; Schema: notifyq; Owner: -

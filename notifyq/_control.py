@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, LiteralString, NoReturn, TypedDict
 from uuid import UUID
@@ -162,6 +162,9 @@ class RunFilter:
     scope_entity_type: str | None = None
     scope_entity_id: str | None = None
     tenant_id: str | None = None
+    tenant_ids: list[str] | None = None
+    """Only runs of these tenants (None: every run, tenant or not): a tenant-scoped API token's
+    tenants, which no other filter can widen."""
     trigger_source: str | None = None
     parent_run_id: UUID | None = None
     created_after: datetime | None = None
@@ -267,8 +270,11 @@ class RunControl:
         self._q = queries
         self._clock = clock
 
-    async def get(self, conn: AsyncConn, run_id: UUID) -> Run:
-        run = await self._run(conn, self._q.job_run_get, {"id": run_id})
+    async def get(self, conn: AsyncConn, run_id: UUID, *,
+                  tenant_ids: list[str] | None = None) -> Run:
+        """The run; RunNotFound when there is none, or none of ``tenant_ids`` (None: any)."""
+        run = await self._run(conn, self._q.job_run_get_in_tenants,
+                              {"id": run_id, "tenant_ids": tenant_ids})
         if run is None:
             raise RunNotFound(f"no run {run_id}")
         return run
@@ -293,10 +299,14 @@ class RunControl:
 
     async def bulk(self, conn: AsyncConn, action: BulkAction, *,
                    ids: list[UUID] | None = None, where: RunFilter | None = None,
-                   limit: int = BULK_MAX, options: BulkOptions | None = None) -> BulkResult:
+                   limit: int = BULK_MAX, options: BulkOptions | None = None,
+                   tenant_ids: list[str] | None = None) -> BulkResult:
         """Cancel, retry, delete or reschedule the runs ``ids``, or those matching ``where``,
         as the single-run actions do (runs the action does not apply to are left as they are),
-        each batch in its own transaction. ``limit`` is the default options' limit."""
+        each batch in its own transaction. ``limit`` is the default options' limit. Runs of
+        other tenants than ``tenant_ids`` (None: any) are left out like those."""
+        if where is not None and tenant_ids is not None:
+            where = replace(where, tenant_ids=tenant_ids)
         opts = options or BulkOptions(limit=limit)
         opts.check(action)
         if (ids is None) == (where is None):
@@ -307,7 +317,7 @@ class RunControl:
         if ids is not None:
             for start in range(0, min(len(ids), cap), opts.batch_size):
                 page = ids[start:min(start + opts.batch_size, cap)]
-                done += await self._change(conn, action, page, opts.run_at)
+                done += await self._change(conn, action, page, opts.run_at, tenant_ids)
                 batches += 1
                 _report(opts, done)
             return _bulk_result(action, done, 0, batches)
@@ -320,7 +330,7 @@ class RunControl:
             page = [r["id"] for r in await cur.fetchall()]
             if not page:
                 break
-            done += await self._change(conn, action, page, opts.run_at)
+            done += await self._change(conn, action, page, opts.run_at, where.tenant_ids)
             batches += 1
             _report(opts, done)
             before = page[-1]
@@ -328,14 +338,16 @@ class RunControl:
         return _bulk_result(action, done, remaining, batches)
 
     async def _change(self, conn: AsyncConn, action: BulkAction, ids: list[UUID],
-                      run_at: datetime | None = None) -> list[dict[str, Any]]:
+                      run_at: datetime | None = None,
+                      tenant_ids: list[str] | None = None) -> list[dict[str, Any]]:
         """One batch in one transaction, with the NOTIFYs it calls for."""
         queries = {"cancel": self._q.job_run_cancel_many, "retry": self._q.job_run_retry_many,
                    "delete": self._q.job_run_delete_many,
                    "reschedule": self._q.job_run_reschedule_many}
         async with conn.transaction():
             rows = await (await conn.execute(queries[action], {
-                "ids": ids, "now": self._clock.db_now(), "run_at": run_at})).fetchall()
+                "ids": ids, "now": self._clock.db_now(), "run_at": run_at,
+                "tenant_ids": tenant_ids})).fetchall()
             payloads = []
             if action == "cancel":
                 payloads = [cancel_payload(r["id"]) for r in rows
@@ -348,35 +360,42 @@ class RunControl:
                 await self._notify(conn, payloads)
         return rows
 
-    async def cancel(self, conn: AsyncConn, run_id: UUID) -> Run:
-        """Cancel a pending or waiting run at once; ask a running one's worker to stop."""
+    async def cancel(self, conn: AsyncConn, run_id: UUID, *,
+                     tenant_ids: list[str] | None = None) -> Run:
+        """Cancel a pending or waiting run at once; ask a running one's worker to stop. A run
+        of another tenant than ``tenant_ids`` (None: any) is RunNotFound."""
         async with conn.transaction():
             run = await self._run(conn, self._q.job_run_cancel, {
-                "id": run_id, "now": self._clock.db_now()})
+                "id": run_id, "now": self._clock.db_now(), "tenant_ids": tenant_ids})
             if run is None:
-                await self._explain(conn, run_id, "cancel")
+                await self._explain(conn, run_id, "cancel", tenant_ids)
             if run.status == RunStatus.RUNNING:
                 await self._notify(conn, [cancel_payload(run_id)])
         return run
 
-    async def retry(self, conn: AsyncConn, run_id: UUID) -> Run:
-        """Put a failed, canceled or timed-out run back to pending, runnable now."""
+    async def retry(self, conn: AsyncConn, run_id: UUID, *,
+                    tenant_ids: list[str] | None = None) -> Run:
+        """Put a failed, canceled or timed-out run back to pending, runnable now. A run of
+        another tenant than ``tenant_ids`` (None: any) is RunNotFound."""
         async with conn.transaction():
             run = await self._run(conn, self._q.job_run_retry, {
-                "id": run_id, "now": self._clock.db_now()})
+                "id": run_id, "now": self._clock.db_now(), "tenant_ids": tenant_ids})
             if run is None:
-                await self._explain(conn, run_id, "retry")
+                await self._explain(conn, run_id, "retry", tenant_ids)
             await self._notify(conn, [wake_payload(run.pool)])
         return run
 
-    async def replay(self, conn: AsyncConn, run_id: UUID, from_step: str) -> Replay:
+    async def replay(self, conn: AsyncConn, run_id: UUID, from_step: str, *,
+                     tenant_ids: list[str] | None = None) -> Replay:
         """Run a finished durable run again from the step ``from_step``: the steps recorded
         before it (in execution order) are reused, it and the later ones run again.
 
         Raises RunNotFound, InvalidTransition (the run is not finished, or recorded no steps)
-        and UnknownStep (the run has no step ``from_step``; the message lists those it has)."""
+        and UnknownStep (the run has no step ``from_step``; the message lists those it has).
+        A run of another tenant than ``tenant_ids`` (None: any) is RunNotFound."""
         async with conn.transaction():
-            run = await self._run(conn, self._q.job_run_get_for_update, {"id": run_id})
+            run = await self._run(conn, self._q.job_run_get_for_update,
+                                  {"id": run_id, "tenant_ids": tenant_ids})
             if run is None:
                 raise RunNotFound(f"no run {run_id}")
             if not run.status.terminal:
@@ -401,10 +420,12 @@ class RunControl:
             await self._notify(conn, [wake_payload(replayed.pool)])
         return Replay(replayed, from_step, int(counts["kept"]), int(counts["dropped"]))
 
-    async def signal(self, conn: AsyncConn, token: str, payload: Any) -> int:
-        """Deliver a signal (stored for a run that waits later); returns the runs woken."""
+    async def signal(self, conn: AsyncConn, token: str, payload: Any, *,
+                     tenant_ids: list[str] | None = None) -> int:
+        """Deliver a signal (stored for a run that waits later); returns the runs woken. With
+        ``tenant_ids``, only to a run of those tenants waiting now: nothing is stored."""
         row = await (await conn.execute(self._q.job_signal_send, {
-            "token": token, "payload": Jsonb(payload)})).fetchone()
+            "token": token, "payload": Jsonb(payload), "tenant_ids": tenant_ids})).fetchone()
         return int(row["woken"]) if row else 0
 
     async def steps(self, conn: AsyncConn, run_id: UUID) -> list[StepRow]:
@@ -413,15 +434,18 @@ class RunControl:
             await cur.execute(self._q.job_step_list, {"run_id": run_id})
             return await cur.fetchall()
 
-    async def detail(self, conn: AsyncConn, run_id: UUID, *, limit: int = 1000) -> RunDetail:
+    async def detail(self, conn: AsyncConn, run_id: UUID, *, limit: int = 1000,
+                     tenant_ids: list[str] | None = None) -> RunDetail:
         """The run, its step timeline, its children (at most ``limit`` of each) and what it
-        waits for."""
-        row = await (await conn.execute(self._q.job_run_get, {"id": run_id})).fetchone()
+        waits for. A run of another tenant than ``tenant_ids`` (None: any) is RunNotFound, and
+        so are its children of other tenants left out."""
+        row = await (await conn.execute(self._q.job_run_get_in_tenants,
+                                        {"id": run_id, "tenant_ids": tenant_ids})).fetchone()
         if row is None:
             raise RunNotFound(f"no run {run_id}")
         steps = (await self.steps(conn, run_id))[:limit]
         children = await self._runs(conn, self._q.job_run_list_children, {
-            "parent_run_id": run_id, "limit": limit})
+            "parent_run_id": run_id, "limit": limit, "tenant_ids": tenant_ids})
         return RunDetail(Run.from_row(row), [_timed(step) for step in steps], children,
                          _wait(row))
 
@@ -480,8 +504,9 @@ class RunControl:
             await conn.execute(self._q.job_run_read_no_jit)
             return await (await conn.execute(query, params)).fetchall()
 
-    async def _explain(self, conn: AsyncConn, run_id: UUID, action: str) -> NoReturn:
-        run = await self.get(conn, run_id)
+    async def _explain(self, conn: AsyncConn, run_id: UUID, action: str,
+                       tenant_ids: list[str] | None = None) -> NoReturn:
+        run = await self.get(conn, run_id, tenant_ids=tenant_ids)
         raise InvalidTransition(f"cannot {action} run {run_id}: it is {run.status.value}")
 
     async def _notify(self, conn: AsyncConn, payloads: list[str]) -> None:

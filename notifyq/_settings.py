@@ -42,6 +42,17 @@ SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 Seconds = Annotated[float, Field(gt=0)]
 
+# Where a password sits in a URL (user:PASSWORD@) or a key/value string (password=PASSWORD).
+_DSN_PASSWORDS = (re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)"),
+                  re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)()"))
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with its password (URL or key/value form) replaced by ``***``."""
+    for pattern in _DSN_PASSWORDS:
+        dsn = pattern.sub(lambda m: f"{m[1]}***{m[3]}", dsn)
+    return dsn
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -196,6 +207,9 @@ class LeaderSettings(_Section):
     """A leader that stops renewing loses the role after this. Defaults to 15.0."""
 
 
+MIN_TOKEN_LEN = 16
+
+
 class ApiToken(_Section):
     """One bearer token of the admin API (config file: ``api.tokens``)."""
 
@@ -207,11 +221,18 @@ class ApiToken(_Section):
         default_factory=lambda: ["read"])  # type: ignore[arg-type]
     """``read`` lists and gets; ``admin`` may also change things (enqueue, cancel, retry,
     signals, keys, webhooks). Defaults to ["read"]."""
+    tenants: list[Annotated[str, Field(min_length=1, max_length=512)]] | None = Field(
+        default=None, min_length=1)
+    """The tenants (``tenant_id``) whose runs, signals, webhook endpoints and messages this token
+    sees and changes; the objects of other tenants (or of none) do not exist for it (404). Such
+    a token cannot use the operations about the whole cluster (stats, pools, workers, pauses,
+    schedules, keys: 403), and what it enqueues or creates belongs to one of its tenants.
+    Defaults to none: every tenant."""
 
     @model_validator(mode="after")
     def _check(self) -> ApiToken:
-        if len(self.token.get_secret_value()) < 16:
-            raise ValueError(f"token {self.name!r} must be at least 16 characters")
+        if len(self.token.get_secret_value()) < MIN_TOKEN_LEN:
+            raise ValueError(f"token {self.name!r} must be at least {MIN_TOKEN_LEN} characters")
         return self
 
 
@@ -223,15 +244,49 @@ class ApiSettings(_Section):
     port: Annotated[int, Field(ge=0, le=65_535)] = 8080
     """Port to bind (``--port`` overrides it). Defaults to 8080."""
     admin_token: SecretStr | None = None
-    """Bearer token with every scope; also ``NOTIFYQ_ADMIN_TOKEN``. With no token configured
+    """Bearer token with every scope and every tenant (at least 16 characters, none other
+    with the same value); also ``NOTIFYQ_ADMIN_TOKEN``. With no token configured
     at all, ``notifyq serve`` on a loopback address generates one and says where it keeps it.
     Defaults to none."""
     read_token: SecretStr | None = None
-    """Bearer token with the read scope; also ``NOTIFYQ_READ_TOKEN``. Defaults to none."""
+    """Bearer token with the read scope, for every tenant (at least 16 characters, none other
+    with the same value); also ``NOTIFYQ_READ_TOKEN``. Defaults to none."""
     tokens: list[ApiToken] = Field(default_factory=list)
-    """More named tokens with their scopes. Defaults to none."""
+    """More named tokens with their scopes, and tenants if limited to some. Defaults to
+    none."""
     max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 1_048_576
     """Larger request bodies are refused (413) before they are parsed. Defaults to 1 MiB."""
+
+    @field_validator("admin_token", "read_token")
+    @classmethod
+    def _long_enough(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None and len(token.get_secret_value()) < MIN_TOKEN_LEN:
+            raise ValueError(f"must be at least {MIN_TOKEN_LEN} characters (e.g. the output "
+                             "of `openssl rand -hex 24`)")
+        return token
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ApiSettings:
+        """Two tokens with one value would be one token with the rights of whichever is
+        compared last (an admin token equal to the read token acted as read)."""
+        named = [("admin_token", self.admin_token), ("read_token", self.read_token),
+                 *((f"tokens[{t.name!r}]", t.token) for t in self.tokens)]
+        seen: dict[str, str] = {}
+        for name, token in named:
+            if token is None:
+                continue
+            value = token.get_secret_value()
+            if value in seen:
+                raise ValueError(f"{name} has the same value as {seen[value]}: give each "
+                                 "token its own value")
+            seen[value] = name
+        names = [*(["admin"] if self.admin_token else []),
+                 *(["read"] if self.read_token else []), *(t.name for t in self.tokens)]
+        if len(set(names)) != len(names):
+            raise ValueError("tokens: each token needs a name of its own (admin_token is "
+                             "called 'admin', read_token 'read'); a dashboard session knows "
+                             "its token by name")
+        return self
 
 
 class EmbeddedSettings(_Section):
@@ -387,6 +442,13 @@ class Settings(BaseSettings):
     """Your encrypted columns (``NOTIFYQ_ENCRYPTED_COLUMNS`` as a JSON list of
     {"table", "pk", "column"}); code can add more with ``App.encrypted_column``. Defaults to
     none."""
+
+    def __repr_args__(self) -> Any:
+        """``repr(settings)`` (and ``str``) with the DSNs' passwords masked: settings end up in
+        logs, tracebacks and debuggers. ``settings.database_url`` itself is unchanged."""
+        for name, value in super().__repr_args__():
+            dsn = name in ("database_url", "listen_database_url") and isinstance(value, str)
+            yield name, redact_dsn(value) if dsn else value
 
     @model_validator(mode="before")
     @classmethod

@@ -345,6 +345,12 @@ FROM applied GROUP BY pool ORDER BY pool
 -- name: job_run_get
 SELECT * FROM {schema}.job_run WHERE id = %(id)s
 
+-- name: job_run_get_in_tenants
+-- job_run_get for the admin API: a run of another tenant than `tenant_ids` (NULL: any) is no row,
+-- as if it did not exist (a tenant-scoped token learns nothing about other tenants' runs).
+SELECT * FROM {schema}.job_run
+WHERE id = %(id)s AND (%(tenant_ids)s::text[] IS NULL OR tenant_id = ANY (%(tenant_ids)s::text[]))
+
 -- name: job_run_list
 -- Newest first, keyset-paged on the time-ordered id: pass the last row's id to get the next page.
 -- A time range (or an id prefix) is an id range too (UUIDv7: the first 48 bits are the
@@ -358,6 +364,7 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(scope_entity_type)s::text IS NULL OR scope_entity_type = %(scope_entity_type)s)
   AND (%(scope_entity_id)s::text IS NULL OR scope_entity_id = %(scope_entity_id)s)
   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+  AND (%(tenant_ids)s::text[] IS NULL OR tenant_id = ANY (%(tenant_ids)s::text[]))
   AND (%(trigger_source)s::text IS NULL OR trigger_source = %(trigger_source)s)
   AND (%(parent_run_id)s::uuid IS NULL OR parent_run_id = %(parent_run_id)s)
   AND (%(before_id)s::uuid IS NULL OR id < %(before_id)s::uuid)
@@ -376,6 +383,7 @@ SET status = CASE WHEN r.status = 'running' THEN r.status ELSE 'canceled' END,
     updated_at = n.now
 FROM n
 WHERE r.id = %(id)s AND r.status IN ('pending', 'waiting', 'running')
+  AND (%(tenant_ids)s::text[] IS NULL OR r.tenant_id = ANY (%(tenant_ids)s::text[]))
 RETURNING r.*
 
 -- name: job_run_retry
@@ -386,6 +394,7 @@ SET status = 'pending', run_at = n.now, finished_at = NULL, cancel_requested_at 
     max_attempts = greatest(r.max_attempts, r.attempts + 1), updated_at = n.now
 FROM n
 WHERE r.id = %(id)s AND r.status IN ('failed', 'canceled', 'timed_out')
+  AND (%(tenant_ids)s::text[] IS NULL OR r.tenant_id = ANY (%(tenant_ids)s::text[]))
 RETURNING r.*
 
 -- name: job_run_count_by_status
@@ -458,6 +467,7 @@ SELECT id, job_type, status, output, error FROM {schema}.job_run WHERE id = ANY(
 -- millisecond only (random bits within one), so created_at decides first.
 SELECT * FROM {schema}.job_run
 WHERE parent_run_id = %(parent_run_id)s
+  AND (%(tenant_ids)s::text[] IS NULL OR tenant_id = ANY (%(tenant_ids)s::text[]))
 ORDER BY created_at, id
 LIMIT %(limit)s
 -- name: job_run_list_ids
@@ -481,6 +491,7 @@ WHERE ((status = 'pending' AND 'pending' = ANY (%(statuses)s::text[]))
   AND (%(scope_entity_type)s::text IS NULL OR scope_entity_type = %(scope_entity_type)s)
   AND (%(scope_entity_id)s::text IS NULL OR scope_entity_id = %(scope_entity_id)s)
   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+  AND (%(tenant_ids)s::text[] IS NULL OR tenant_id = ANY (%(tenant_ids)s::text[]))
   AND (%(trigger_source)s::text IS NULL OR trigger_source = %(trigger_source)s)
   AND (%(parent_run_id)s::uuid IS NULL OR parent_run_id = %(parent_run_id)s)
   AND (%(before_id)s::uuid IS NULL OR id < %(before_id)s::uuid)
@@ -508,6 +519,7 @@ SELECT count(*) AS n FROM (
       AND (%(scope_entity_type)s::text IS NULL OR scope_entity_type = %(scope_entity_type)s)
       AND (%(scope_entity_id)s::text IS NULL OR scope_entity_id = %(scope_entity_id)s)
       AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+      AND (%(tenant_ids)s::text[] IS NULL OR tenant_id = ANY (%(tenant_ids)s::text[]))
       AND (%(trigger_source)s::text IS NULL OR trigger_source = %(trigger_source)s)
       AND (%(parent_run_id)s::uuid IS NULL OR parent_run_id = %(parent_run_id)s)
       AND (%(before_id)s::uuid IS NULL OR id < %(before_id)s::uuid)
@@ -525,6 +537,7 @@ SET status = CASE WHEN r.status = 'running' THEN r.status ELSE 'canceled' END,
     updated_at = n.now
 FROM n
 WHERE r.id = ANY (%(ids)s::uuid[]) AND r.status IN ('pending', 'waiting', 'running')
+  AND (%(tenant_ids)s::text[] IS NULL OR r.tenant_id = ANY (%(tenant_ids)s::text[]))
 RETURNING r.id, r.pool, r.status
 
 -- name: job_run_retry_many
@@ -535,6 +548,7 @@ SET status = 'pending', run_at = n.now, finished_at = NULL, cancel_requested_at 
     max_attempts = greatest(r.max_attempts, r.attempts + 1), updated_at = n.now
 FROM n
 WHERE r.id = ANY (%(ids)s::uuid[]) AND r.status IN ('failed', 'canceled', 'timed_out')
+  AND (%(tenant_ids)s::text[] IS NULL OR r.tenant_id = ANY (%(tenant_ids)s::text[]))
 RETURNING r.id, r.pool, r.status
 
 -- name: job_run_delete_many
@@ -543,6 +557,7 @@ RETURNING r.id, r.pool, r.status
 -- their parent_run_id set to NULL.
 DELETE FROM {schema}.job_run
 WHERE id = ANY (%(ids)s::uuid[]) AND status IN ('completed', 'failed', 'canceled', 'timed_out')
+  AND (%(tenant_ids)s::text[] IS NULL OR tenant_id = ANY (%(tenant_ids)s::text[]))
 RETURNING id, pool, status
 
 -- name: job_run_reschedule_many
@@ -551,6 +566,7 @@ RETURNING id, pool, status
 UPDATE {schema}.job_run
 SET run_at = %(run_at)s, updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = ANY (%(ids)s::uuid[]) AND status = 'pending'
+  AND (%(tenant_ids)s::text[] IS NULL OR tenant_id = ANY (%(tenant_ids)s::text[]))
 RETURNING id, pool, status
 
 -- name: job_run_pool_overview
@@ -628,7 +644,9 @@ UPDATE {schema}.job_run SET awaited = true WHERE id = %(id)s RETURNING *
 
 -- name: job_run_get_for_update
 -- A run, locked for the rest of the transaction (a replay checks it, then changes it).
-SELECT * FROM {schema}.job_run WHERE id = %(id)s FOR UPDATE
+SELECT * FROM {schema}.job_run WHERE id = %(id)s
+  AND (%(tenant_ids)s::text[] IS NULL OR tenant_id = ANY (%(tenant_ids)s::text[]))
+FOR UPDATE
 
 -- name: job_run_replay
 -- Puts a finished run back in line now for a replay (its steps were trimmed by

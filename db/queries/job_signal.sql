@@ -3,7 +3,9 @@
 -- ctx.wait_for_signal takes it (job_signal_consume) or the purger expires it.
 
 -- name: job_signal_send
-SELECT {schema}.signal(%(token)s, %(payload)s::jsonb) AS woken
+-- signal() for the runs of `tenant_ids` (NULL: every run, queued when none waits; with tenants,
+-- delivered to a run of theirs that waits now or dropped: see _signal, migration 0016).
+SELECT {schema}._signal(%(token)s, %(payload)s::jsonb, %(tenant_ids)s::text[]) AS woken
 
 -- name: job_signal_consume
 -- A running run takes the oldest queued signal for its token and records it as its completed

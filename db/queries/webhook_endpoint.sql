@@ -2,11 +2,12 @@
 
 -- name: webhook_endpoint_insert
 INSERT INTO {schema}.webhook_endpoint (url, description, event_types, headers, disabled_at,
-                                       disabled_reason, created_at, updated_at)
+                                       disabled_reason, created_at, updated_at, tenant_id)
 VALUES (%(url)s, %(description)s, %(event_types)s::text[], %(headers)s::jsonb,
         CASE WHEN %(enabled)s THEN NULL ELSE coalesce(%(now)s::timestamptz, now()) END,
         CASE WHEN %(enabled)s THEN NULL ELSE 'created disabled' END,
-        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+        %(tenant_id)s)
 RETURNING *
 
 -- name: webhook_endpoint_seal_headers
@@ -26,6 +27,13 @@ LIMIT %(limit)s
 -- name: webhook_endpoint_header_values
 SELECT header_values, headers FROM {schema}.webhook_endpoint WHERE id = %(id)s
 
+-- name: webhook_endpoint_in_tenants
+-- The endpoint if it belongs to one of `tenant_ids` (NULL: any endpoint): what the admin API asks
+-- before it acts on an endpoint for a tenant-scoped token (an endpoint's tenant never changes).
+SELECT id FROM {schema}.webhook_endpoint
+WHERE id = %(id)s
+  AND (%(tenant_ids)s::text[] IS NULL OR tenant_id = ANY (%(tenant_ids)s::text[]))
+
 -- name: webhook_endpoint_get
 SELECT e.*, (SELECT count(*) FROM {schema}.webhook_secret s
              WHERE s.endpoint_id = e.id
@@ -43,6 +51,7 @@ SELECT e.*, (SELECT count(*) FROM {schema}.webhook_secret s
 FROM {schema}.webhook_endpoint e
 WHERE (%(after)s::uuid IS NULL OR e.id > %(after)s::uuid)
   AND (%(enabled)s::boolean IS NULL OR (e.disabled_at IS NULL) = %(enabled)s::boolean)
+  AND (%(tenant_ids)s::text[] IS NULL OR e.tenant_id = ANY (%(tenant_ids)s::text[]))
 ORDER BY e.id
 LIMIT %(limit)s
 
@@ -79,7 +88,7 @@ RETURNING *
 DELETE FROM {schema}.webhook_endpoint WHERE id = %(id)s RETURNING id
 
 -- name: webhook_endpoint_health
--- Per endpoint (all when `ids` is NULL, at most `limit`): attempts and 2xx answers in the last
+-- Per endpoint (all when `ids` is NULL, those of `tenant_ids` unless NULL, at most `limit`): attempts and 2xx answers in the last
 -- `window_s`,
 -- the last attempt and the last failed one. Reads webhook_attempt_endpoint_idx (0008).
 SELECT e.id AS endpoint_id, s.attempts, s.succeeded,
@@ -103,6 +112,7 @@ LEFT JOIN LATERAL (
     WHERE a.endpoint_id = e.id AND (a.status_code IS NULL OR a.status_code NOT BETWEEN 200 AND 299)
     ORDER BY a.created_at DESC LIMIT 1
 ) f ON true
-WHERE %(ids)s::uuid[] IS NULL OR e.id = ANY (%(ids)s::uuid[])
+WHERE (%(ids)s::uuid[] IS NULL OR e.id = ANY (%(ids)s::uuid[]))
+  AND (%(tenant_ids)s::text[] IS NULL OR e.tenant_id = ANY (%(tenant_ids)s::text[]))
 ORDER BY e.id
 LIMIT %(limit)s

@@ -9,8 +9,20 @@ FROM {schema}._send_webhook(%(event_type)s, %(payload)s::jsonb, %(endpoint_id)s:
 -- name: webhook_message_get
 SELECT * FROM {schema}.webhook_message WHERE id = %(id)s
 
+-- name: webhook_message_in_tenants
+-- The message if it belongs to one of `tenant_ids` (NULL: any message). A message belongs to a
+-- tenant when it was sent to one endpoint (`endpoint_id`) of that tenant; a message sent by event
+-- type may reach the endpoints of several tenants and belongs to none.
+SELECT m.id FROM {schema}.webhook_message m
+WHERE m.id = %(id)s
+  AND (%(tenant_ids)s::text[] IS NULL
+       OR EXISTS (SELECT 1 FROM {schema}.webhook_endpoint e
+                  WHERE e.id = m.endpoint_id AND e.tenant_id = ANY (%(tenant_ids)s::text[])))
+
 -- name: webhook_message_list
 -- Newest first (ids are msg_ + a UUIDv7 in hex: time-ordered), keyset-paged with `before`.
+-- With `tenant_ids`, only messages sent to one endpoint of those tenants (see
+-- webhook_message_in_tenants).
 SELECT m.id, m.event_type, m.endpoint_id AS sent_to, m.idempotency_key, m.created_at,
        octet_length(m.body) AS size,
        (SELECT count(*) FROM {schema}.webhook_delivery d WHERE d.message_id = m.id) AS deliveries,
@@ -18,5 +30,8 @@ SELECT m.id, m.event_type, m.endpoint_id AS sent_to, m.idempotency_key, m.create
         WHERE d.message_id = m.id AND d.status = 'failed') AS failed
 FROM {schema}.webhook_message m
 WHERE (%(before)s::text IS NULL OR m.id < %(before)s::text)
+  AND (%(tenant_ids)s::text[] IS NULL
+       OR EXISTS (SELECT 1 FROM {schema}.webhook_endpoint e
+                  WHERE e.id = m.endpoint_id AND e.tenant_id = ANY (%(tenant_ids)s::text[])))
 ORDER BY m.id DESC
 LIMIT %(limit)s

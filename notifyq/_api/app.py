@@ -27,7 +27,7 @@ from notifyq._app import App
 from notifyq._db import migrate as migrations
 from notifyq._dispatch.worker import Worker
 from notifyq._http import problems
-from notifyq._http.auth import Authenticator
+from notifyq._http.auth import Authenticator, RequireToken
 from notifyq._http.metrics import CONTENT_TYPE, Metrics
 from notifyq._ui.app import create_ui
 
@@ -138,6 +138,7 @@ def create_api(app: App, state: ServiceState) -> FastAPI:
     _add_dashboard(api, app, auth)
     api.add_middleware(JsonBodies)
     api.add_middleware(BodyLimit, max_bytes=app.settings.api.max_body_bytes)
+    api.add_middleware(RequireToken, auth=auth)  # a stranger's body is never read
     api.add_middleware(problems.Unexpected)  # added last: the outermost, sees every error
     return api
 

@@ -40,6 +40,7 @@ class QueryNames:
     job_run_purge_finished: LiteralString
     job_run_apply_definitions: LiteralString
     job_run_get: LiteralString
+    job_run_get_in_tenants: LiteralString
     job_run_list: LiteralString
     job_run_cancel: LiteralString
     job_run_retry: LiteralString
@@ -147,6 +148,7 @@ class QueryNames:
     webhook_endpoint_seal_headers: LiteralString
     webhook_endpoint_list_unsealed: LiteralString
     webhook_endpoint_header_values: LiteralString
+    webhook_endpoint_in_tenants: LiteralString
     webhook_endpoint_get: LiteralString
     webhook_endpoint_list: LiteralString
     webhook_endpoint_update: LiteralString
@@ -158,6 +160,7 @@ class QueryNames:
     # db/queries/webhook_message.sql
     webhook_message_send: LiteralString
     webhook_message_get: LiteralString
+    webhook_message_in_tenants: LiteralString
     webhook_message_list: LiteralString
 
     # db/queries/webhook_secret.sql

@@ -69,11 +69,14 @@ class KeyAdmin:
 
     async def status(self, conn: AnyConn) -> dict[str, Any]:
         """Configured and known versions, the active one, per-column counts by version and the
-        latest rotation with its progress. JSON-ready."""
-        keyring = await self._rt.checked_keyring(conn) if self._rt.has_keyring else None
+        latest rotation with its progress. JSON-ready. Writes nothing (a read-only token
+        may ask): versions this process has configured but the database has not recorded yet
+        are listed with no ``first_seen_at``."""
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(self._queries.key_version_list)
-            known = {r["version"]: r for r in await cur.fetchall()}
+            rows = await cur.fetchall()
+        known = {r["version"]: r for r in rows}
+        keyring = self._rt.verified_keyring(rows) if self._rt.has_keyring else None
         configured = set(keyring.versions) if keyring else set()
         active = keyring.active_version if keyring else None
         versions = [{

@@ -107,6 +107,13 @@ class KeyCheck:
         return self._q.key_version_register, {"now": None, "versions": list(mine),
                                                "check_values": list(mine.values())}
 
+    def verify(self, rows: Sequence[Mapping[str, Any]]) -> Keyring:
+        """Step 2 of a check against ``key_version`` rows the caller read, writing nothing
+        and leaving the next encrypt or decrypt due for a full check (what read-only callers
+        such as ``keys status`` use)."""
+        self._verify(rows)
+        return self.keyring
+
     def _verify(self, rows: Sequence[Mapping[str, Any]]) -> None:
         checks = self.keyring.check_values()
         for row in rows:

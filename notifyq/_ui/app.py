@@ -107,6 +107,11 @@ def _add_sign_in(router: APIRouter, ui: Ui, auth: Authenticator) -> None:
         token = auth.identify(form.get("token", "").strip())
         if token is None:
             return _form(request, ui, auth, status=401, error="that token is not valid here")
+        if token.tenants is not None:
+            # The dashboard's pages are about every tenant (overview, pools, schedules, keys).
+            return _form(request, ui, auth, status=403, error=(
+                f"token {token.name!r} is limited to tenants; the dashboard shows every "
+                "tenant: sign in with a token configured without `tenants`"))
         base = base_of(request)
         response = redirect(request, "")
         response.headers["location"] = _safe_next(base, form.get("next"))

@@ -94,6 +94,8 @@ class Sessions:
             return None
         token = self._auth.named(name)
         assert token is not None  # noqa: S101 - _key found it
+        if token.tenants is not None:  # limited to tenants since it signed in: not here
+            return None
         return Viewer(name, token.scopes, _mac(key, "csrf:" + parts[3]), issued + SESSION_S)
 
 

@@ -120,6 +120,8 @@ class Endpoint:
     updated_at: datetime
     valid_secrets: int = 0
     secret: str | None = None
+    tenant_id: str | None = None
+    """The tenant it belongs to (None: none), set at creation: see ``api.tokens[].tenants``."""
 
     @property
     def enabled(self) -> bool:
@@ -130,7 +132,7 @@ class Endpoint:
         return cls(row["id"], row["url"], row["description"], row["event_types"],
                    dict(row["headers"] or {}), row["disabled_at"], row["disabled_reason"],
                    row["failing_since"], row["created_at"], row["updated_at"],
-                   int(row.get("valid_secrets") or 0), secret)
+                   int(row.get("valid_secrets") or 0), secret, row.get("tenant_id"))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -138,7 +140,8 @@ class Endpoint:
             "event_types": self.event_types, "headers": self.headers, "enabled": self.enabled,
             "disabled_at": _iso(self.disabled_at), "disabled_reason": self.disabled_reason,
             "failing_since": _iso(self.failing_since), "created_at": _iso(self.created_at),
-            "updated_at": _iso(self.updated_at), "valid_secrets": self.valid_secrets}
+            "updated_at": _iso(self.updated_at), "valid_secrets": self.valid_secrets,
+            "tenant_id": self.tenant_id}
         if self.secret is not None:
             out["secret"] = self.secret
         return out

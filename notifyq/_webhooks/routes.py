@@ -1,6 +1,12 @@
 """The ``/v1/webhooks`` routes: endpoints (CRUD, rotate secret, recover), messages (send, get,
 attempts, resend). Thin calls into ``app.webhooks``; refusals are problem details like every
-other route (422 naming the field, 404 for an unknown id, 409 without a keyring)."""
+other route (422 naming the field, 404 for an unknown id, 409 without a keyring).
+
+Tenants: an endpoint belongs to the tenant it was created for (``tenant_id``, for good), a
+message to the tenant of the one endpoint it was sent to. A token limited to tenants lists
+only theirs (filtered in SQL), meets 404 for any other (the same answer as for an unknown
+id, checked in SQL before the call: an endpoint's tenant never changes), creates endpoints
+for its tenants and sends messages to one endpoint of theirs (``endpoint_id`` required)."""
 
 from __future__ import annotations
 
@@ -9,13 +15,14 @@ from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Depends, Query, Response
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from notifyq._app import App
 from notifyq._errors import ConfigError, InvalidEndpoint, InvalidEnqueue, WebhookNotFound
+from notifyq._http.auth import tenant_for, token_tenants
 from notifyq._http.problems import problem
 from notifyq._http.schemas import Text, responses_for
 from notifyq._limits import MAX_PAGE
@@ -38,6 +45,8 @@ EventTypes = Annotated[list[Annotated[Text, Field(max_length=MAX_EVENT_TYPE_LEN)
                        Field(max_length=MAX_EVENT_TYPES)]
 Description = Annotated[Text, Field(max_length=MAX_DESCRIPTION_LEN)]
 Secret = Annotated[str, Field(max_length=MAX_SECRET_LEN)]
+Tenants = Annotated[list[str] | None, Depends(token_tenants)]
+TenantId = Annotated[Text, Field(min_length=1, max_length=512)]
 
 
 
@@ -54,6 +63,8 @@ class EndpointIn(_In):
     secret: Secret | None = Field(
         None, description="whsec_ + base64 of 24-64 bytes; generated when absent")
     enabled: bool = True
+    tenant_id: TenantId | None = Field(None, description=(
+        "the tenant it belongs to, for good; a token limited to one tenant sets its own"))
 
 
 class EndpointPatch(_In):
@@ -77,6 +88,7 @@ class EndpointOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     valid_secrets: int
+    tenant_id: str | None = None
     secret: str | None = Field(None, description="only in the answer to create and "
                                                  "rotate-secret: store it now")
 
@@ -131,29 +143,60 @@ async def _answer(call: Callable[[], Awaitable[Any]]) -> Any:
         return problem(409, str(exc), field="keys")
 
 
+async def _endpoint_in(app: App, endpoint_id: UUID, tenants: list[str] | None) -> None:
+    """WebhookNotFound (404) unless the endpoint is one of ``tenants``' (None: any)."""
+    if tenants is not None and not await _row_in(
+            app, app._runtime.queries.webhook_endpoint_in_tenants, endpoint_id, tenants):
+        raise WebhookNotFound(f"no webhook endpoint {endpoint_id}")
+
+
+async def _message_in(app: App, message_id: str, tenants: list[str] | None) -> None:
+    """WebhookNotFound (404) unless the message is one of ``tenants``' (None: any)."""
+    if tenants is not None and not await _row_in(
+            app, app._runtime.queries.webhook_message_in_tenants, message_id, tenants):
+        raise WebhookNotFound(f"no webhook message {message_id}")
+
+
+async def _row_in(app: App, query: Any, key: Any, tenants: list[str]) -> bool:
+    async with (await app.pool()).connection() as conn:
+        cur = await conn.execute(query, {"id": key, "tenant_ids": tenants})
+        return await cur.fetchone() is not None
+
+
 def add_webhook_routes(router: APIRouter, app: App, read: list[Any],
                        admin: list[Any]) -> None:
+    _add_endpoint_routes(router, app, read, admin)
+    _add_message_routes(router, app, read, admin)
+
+
+def _add_endpoint_routes(router: APIRouter, app: App, read: list[Any],
+                         admin: list[Any]) -> None:
     auth = (401, 403)
 
     @router.post("/webhooks/endpoints", dependencies=admin, status_code=201,
                  response_model=EndpointOut, responses=responses_for(409, 422, *auth),
                  tags=["webhooks"], summary="Create an endpoint (its secret is shown once)")
-    async def create_endpoint(body: EndpointIn) -> Any:
+    async def create_endpoint(body: EndpointIn, tenants: Tenants) -> Any:
+        tenant_id = tenant_for(body.tenant_id, tenants)
+
         async def go() -> Any:
             endpoint = await app.webhooks.create_endpoint(
                 body.url, description=body.description, event_types=body.event_types,
-                headers=body.headers, secret=body.secret, enabled=body.enabled)
+                headers=body.headers, secret=body.secret, enabled=body.enabled,
+                tenant_id=tenant_id)
             return JSONResponse(endpoint.to_json(), status_code=201)
         return await _answer(go)
 
     @router.get("/webhooks/endpoints", dependencies=read, response_model=EndpointPage,
                 responses=responses_for(422, *auth), tags=["webhooks"], summary="Endpoints")
     async def list_endpoints(
+        tenants: Tenants,
         enabled: bool | None = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
         cursor: UUID | None = None,
     ) -> Any:
-        items = await app.webhooks.list_endpoints(enabled=enabled, limit=limit, after=cursor)
+        items = await app.webhooks.list_endpoints(enabled=enabled, limit=limit, after=cursor,
+                                                  tenant_ids=tenants)
         return {"items": [e.to_json() for e in items],
                 "next_cursor": str(items[-1].id) if len(items) == limit else None}
 
@@ -161,35 +204,27 @@ def add_webhook_routes(router: APIRouter, app: App, read: list[Any],
                 tags=["webhooks"],
                 summary="Per endpoint: attempts and success rate in the last day, the last "
                         "attempt and the last failure")
-    async def health(window_s: Annotated[float, Query(gt=0, le=30 * 86_400)] = 86_400.0,
+    async def health(tenants: Tenants,
+                     window_s: Annotated[float, Query(gt=0, le=30 * 86_400)] = 86_400.0,
                      ) -> Any:
-        rows = await app.webhooks.health(window_s=window_s)
+        rows = await app.webhooks.health(window_s=window_s, tenant_ids=tenants)
         return {"items": [_plain(r) for r in rows]}
-
-    @router.get("/webhooks/messages", dependencies=read, responses=responses_for(422, *auth),
-                tags=["webhooks"],
-                summary="Messages, newest first; with endpoint_id, that endpoint's deliveries")
-    async def list_messages(
-        endpoint_id: UUID | None = None,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-        cursor: Annotated[str | None, Query(pattern=MESSAGE_ID)] = None,
-    ) -> Any:
-        rows = await app.webhooks.list_messages(endpoint_id=endpoint_id, before=cursor,
-                                                limit=limit)
-        return {"items": [_plain(r) for r in rows],
-                "next_cursor": rows[-1]["id"] if len(rows) == limit else None}
 
     @router.get("/webhooks/endpoints/{id}", dependencies=read, response_model=EndpointOut,
                 responses=responses_for(404, 422, *auth), tags=["webhooks"], summary="An endpoint")
-    async def get_endpoint(id: UUID) -> Any:
-        return await _answer(lambda: _json(app.webhooks.get_endpoint(id)))
+    async def get_endpoint(id: UUID, tenants: Tenants) -> Any:
+        async def go() -> Any:
+            await _endpoint_in(app, id, tenants)
+            return (await app.webhooks.get_endpoint(id)).to_json()
+        return await _answer(go)
 
     @router.patch("/webhooks/endpoints/{id}", dependencies=admin, response_model=EndpointOut,
                   responses=responses_for(404, 422, *auth), tags=["webhooks"],
                   summary="Change an endpoint; enabled=false disables it (pending deliveries "
                           "stop), true enables it")
-    async def patch_endpoint(id: UUID, body: EndpointPatch) -> Any:
+    async def patch_endpoint(id: UUID, body: EndpointPatch, tenants: Tenants) -> Any:
         async def go() -> Any:
+            await _endpoint_in(app, id, tenants)
             given = body.model_fields_set
             changes: dict[str, Any] = {k: getattr(body, k) for k in
                                        ("url", "description", "headers") if k in given}
@@ -207,8 +242,9 @@ def add_webhook_routes(router: APIRouter, app: App, read: list[Any],
                    response_model=None, response_class=Response,
                    responses=responses_for(404, 422, *auth), tags=["webhooks"],
                    summary="Delete an endpoint with its deliveries and attempts")
-    async def delete_endpoint(id: UUID) -> Response:
+    async def delete_endpoint(id: UUID, tenants: Tenants) -> Response:
         async def go() -> Any:
+            await _endpoint_in(app, id, tenants)
             await app.webhooks.delete_endpoint(id)
             return Response(status_code=204)
         answer: Response = await _answer(go)
@@ -218,21 +254,51 @@ def add_webhook_routes(router: APIRouter, app: App, read: list[Any],
                  response_model=EndpointOut, responses=responses_for(404, 409, 422, *auth),
                  tags=["webhooks"],
                  summary="A new secret (shown once); the old one signs during the grace period")
-    async def rotate_secret(id: UUID, body: RotateIn | None = None) -> Any:
+    async def rotate_secret(id: UUID, tenants: Tenants, body: RotateIn | None = None) -> Any:
         options = body or RotateIn()
-        return await _answer(lambda: _json(app.webhooks.rotate_secret(
-            id, secret=options.secret, grace_s=options.grace_s)))
+
+        async def go() -> Any:
+            await _endpoint_in(app, id, tenants)
+            return await _json(app.webhooks.rotate_secret(
+                id, secret=options.secret, grace_s=options.grace_s))
+        return await _answer(go)
 
     @router.post("/webhooks/endpoints/{id}/recover", dependencies=admin, status_code=202,
                  responses=responses_for(404, 422, *auth), tags=["webhooks"],
                  summary="Re-enqueue the endpoint's failed deliveries since a time")
-    async def recover(id: UUID, body: RecoverIn) -> Any:
+    async def recover(id: UUID, body: RecoverIn, tenants: Tenants) -> Any:
         async def go() -> Any:
+            await _endpoint_in(app, id, tenants)
             rows = await app.webhooks.recover(id, body.since)
             return JSONResponse({"recovered": len(rows), "items": [
                 {"message_id": r["message_id"], "run_id": str(r["run_id"])} for r in rows]},
                 status_code=202)
         return await _answer(go)
+
+
+
+def _add_message_routes(router: APIRouter, app: App, read: list[Any],
+                        admin: list[Any]) -> None:
+    auth = (401, 403)
+
+    @router.get("/webhooks/messages", dependencies=read, responses=responses_for(422, *auth),
+                tags=["webhooks"],
+                summary="Messages, newest first; with endpoint_id, that endpoint's deliveries")
+    async def list_messages(
+        tenants: Tenants,
+        endpoint_id: UUID | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        cursor: Annotated[str | None, Query(pattern=MESSAGE_ID)] = None,
+    ) -> Any:
+        if endpoint_id is not None:
+            try:
+                await _endpoint_in(app, endpoint_id, tenants)
+            except WebhookNotFound as exc:
+                return problem(404, str(exc), field="endpoint_id")
+        rows = await app.webhooks.list_messages(endpoint_id=endpoint_id, before=cursor,
+                                                limit=limit, tenant_ids=tenants)
+        return {"items": [_plain(r) for r in rows],
+                "next_cursor": rows[-1]["id"] if len(rows) == limit else None}
 
     @router.post("/webhooks/messages", dependencies=admin, status_code=201,
                  response_model=MessageOut,
@@ -240,8 +306,15 @@ def add_webhook_routes(router: APIRouter, app: App, read: list[Any],
                                   "description": "a message with this idempotency_key exists"},
                             **responses_for(413, 422, *auth)},
                  tags=["webhooks"], summary="Send a message to one endpoint or by event type")
-    async def send(body: MessageIn) -> Any:
+    async def send(body: MessageIn, tenants: Tenants) -> Any:
+        if tenants is not None and body.endpoint_id is None:
+            return problem(422, "endpoint_id: required with a token limited to tenants (a "
+                           "message by event type would reach other tenants' endpoints)",
+                           field="endpoint_id")
+
         async def go() -> Any:
+            if body.endpoint_id is not None:
+                await _endpoint_in(app, body.endpoint_id, tenants)
             sent = await app.webhooks.send(body.event_type, body.payload,
                                     endpoint_id=body.endpoint_id,
                                     idempotency_key=body.idempotency_key)
@@ -251,22 +324,31 @@ def add_webhook_routes(router: APIRouter, app: App, read: list[Any],
     @router.get("/webhooks/messages/{id}", dependencies=read,
                 responses=responses_for(404, *auth), tags=["webhooks"],
                 summary="A message with its deliveries")
-    async def get_message(id: Annotated[str, PathParam(pattern=MESSAGE_ID)]) -> Any:
-        return await _answer(lambda: _jsonable(app.webhooks.message(id)))
+    async def get_message(id: Annotated[str, PathParam(pattern=MESSAGE_ID)],
+                          tenants: Tenants) -> Any:
+        async def go() -> Any:
+            await _message_in(app, id, tenants)
+            return await _jsonable(app.webhooks.message(id))
+        return await _answer(go)
 
     @router.get("/webhooks/messages/{id}/attempts", dependencies=read,
-                responses=responses_for(*auth), tags=["webhooks"],
+                responses=responses_for(404, *auth), tags=["webhooks"],
                 summary="Every attempt of a message, oldest first")
-    async def attempts(id: Annotated[str, PathParam(pattern=MESSAGE_ID)]) -> Any:
-        return {"items": [_plain(r) for r in await app.webhooks.attempts(id)]}
+    async def attempts(id: Annotated[str, PathParam(pattern=MESSAGE_ID)],
+                       tenants: Tenants) -> Any:
+        async def go() -> Any:
+            await _message_in(app, id, tenants)
+            return {"items": [_plain(r) for r in await app.webhooks.attempts(id)]}
+        return await _answer(go)
 
     @router.post("/webhooks/messages/{id}/resend", dependencies=admin, status_code=202,
                  responses=responses_for(404, 422, *auth), tags=["webhooks"],
                  summary="A manual attempt (no retries) to every endpoint of the message, or "
                          "one")
-    async def resend(id: Annotated[str, PathParam(pattern=MESSAGE_ID)],
+    async def resend(id: Annotated[str, PathParam(pattern=MESSAGE_ID)], tenants: Tenants,
                      body: ResendIn | None = None) -> Any:
         async def go() -> Any:
+            await _message_in(app, id, tenants)
             rows = await app.webhooks.resend(id, endpoint_id=(body or ResendIn()).endpoint_id)
             return JSONResponse({"items": [_plain(r) for r in rows]}, status_code=202)
         return await _answer(go)

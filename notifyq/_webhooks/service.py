@@ -111,9 +111,11 @@ class Webhooks:
     async def create_endpoint(self, url: str, *, description: str = "",
                               event_types: list[str] | None = None,
                               headers: dict[str, str] | None = None, secret: str | None = None,
-                              enabled: bool = True, conn: AnyConn | None = None) -> Endpoint:
+                              enabled: bool = True, tenant_id: str | None = None,
+                              conn: AnyConn | None = None) -> Endpoint:
         """Create an endpoint; the returned one carries ``secret`` (generated unless given),
-        the only time it is shown. ``event_types`` None subscribes to every type."""
+        the only time it is shown. ``event_types`` None subscribes to every type. ``tenant_id``
+        is the tenant it belongs to, for good (tokens limited to other tenants never see it)."""
         url = checks.check_url(url, self.settings)
         headers = checks.check_headers(headers)
         event_types = checks.check_event_types(event_types)
@@ -122,7 +124,8 @@ class Webhooks:
             keyring = await self._keyring()
             row = await self._one(c, self._rt.queries.webhook_endpoint_insert, {
                 "url": url, "description": description or "", "event_types": event_types,
-                "headers": Jsonb({}), "enabled": enabled, "now": self._now()})
+                "headers": Jsonb({}), "enabled": enabled, "now": self._now(),
+                "tenant_id": tenant_id})
             assert row is not None  # noqa: S101 - INSERT ... RETURNING
             if headers:
                 row = await self._seal_headers(c, keyring, row["id"],
@@ -201,12 +204,13 @@ class Webhooks:
         return Endpoint.from_row(row)
 
     async def list_endpoints(self, *, enabled: bool | None = None, limit: int = 100,
-                             after: UUID | None = None,
+                             after: UUID | None = None, tenant_ids: list[str] | None = None,
                              conn: AnyConn | None = None) -> list[Endpoint]:
+        """Oldest first; only those of ``tenant_ids`` unless None."""
         async with self._conn(conn) as c:
             rows = await self._all(c, self._rt.queries.webhook_endpoint_list, {
-                "after": after, "enabled": enabled, "limit": limit, "now": self._now()},
-                dict_row)
+                "after": after, "enabled": enabled, "limit": limit, "now": self._now(),
+                "tenant_ids": tenant_ids}, dict_row)
         return [Endpoint.from_row(r) for r in rows]
 
     async def update_endpoint(self, endpoint_id: UUID | str, *, url: str | None = None,
@@ -356,26 +360,29 @@ class Webhooks:
 
     async def list_messages(self, *, endpoint_id: UUID | str | None = None,
                             before: str | None = None, limit: int = 50,
+                            tenant_ids: list[str] | None = None,
                             conn: AnyConn | None = None) -> list[dict[str, Any]]:
         """Messages, newest first (``before``: the last id of the previous page); with
-        ``endpoint_id``, that endpoint's deliveries with their state."""
+        ``endpoint_id``, that endpoint's deliveries with their state. ``tenant_ids``: only
+        messages sent to an endpoint of those tenants (without ``endpoint_id``)."""
         q = self._rt.queries
         async with self._conn(conn) as c:
             if endpoint_id is None:
-                return await self._all(c, q.webhook_message_list,
-                                       {"before": before, "limit": limit}, dict_row)
+                return await self._all(c, q.webhook_message_list, {
+                    "before": before, "limit": limit, "tenant_ids": tenant_ids}, dict_row)
             return await self._all(c, q.webhook_delivery_list_by_endpoint, {
                 "endpoint_id": _uuid(endpoint_id), "before": before, "limit": limit}, dict_row)
 
     async def health(self, *, endpoint_ids: list[UUID] | None = None,
                      window_s: float = HEALTH_WINDOW_S, limit: int = 1000,
+                     tenant_ids: list[str] | None = None,
                      conn: AnyConn | None = None) -> list[dict[str, Any]]:
         """Per endpoint: attempts and 2xx answers in the last ``window_s`` (``success_rate``
         None without attempts), the last attempt and the last failure."""
         async with self._conn(conn) as c:
             rows = await self._all(c, self._rt.queries.webhook_endpoint_health, {
-                "ids": endpoint_ids, "now": self._now(), "window_s": window_s, "limit": limit},
-                dict_row)
+                "ids": endpoint_ids, "now": self._now(), "window_s": window_s, "limit": limit,
+                "tenant_ids": tenant_ids}, dict_row)
         return [{**r, "window_s": window_s, "success_rate":
                  r["succeeded"] / r["attempts"] if r["attempts"] else None} for r in rows]
 

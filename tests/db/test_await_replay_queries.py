@@ -82,7 +82,8 @@ def test_canceling_an_awaited_pending_run_notifies(db: Conn, q: Queries, dsn: st
     with listener(dsn) as listening:
         run = enqueue(db, q)
         db.execute(q.job_run_await, {"id": run["id"]})
-        canceled = db.execute(q.job_run_cancel, {"id": run["id"], "now": T0}).fetchone()
+        canceled = db.execute(q.job_run_cancel, {"tenant_ids": None,
+                                                 "id": run["id"], "now": T0}).fetchone()
         assert canceled is not None
         assert canceled["status"] == "canceled"
         assert received(listening) == [f"d:{run['id']}"]
@@ -121,7 +122,8 @@ def test_job_run_get_for_update_holds_the_row_until_the_transaction_ends(
         db: Conn, q: Queries, dsn: str) -> None:
     run = enqueue(db, q)
     with psycopg.connect(dsn, row_factory=dict_row) as other:  # not autocommit: one transaction
-        locked = other.execute(q.job_run_get_for_update, {"id": run["id"]}).fetchone()
+        locked = other.execute(q.job_run_get_for_update, {"tenant_ids": None,
+                                                          "id": run["id"]}).fetchone()
         assert locked is not None
         assert locked["id"] == run["id"]
         skipped = db.execute("SELECT id FROM notifyq.job_run WHERE id = %s FOR UPDATE SKIP LOCKED",

@@ -33,26 +33,31 @@ def test_count_and_ids_follow_the_list_filter_within_the_actions_statuses(
         db: Conn, q: Queries) -> None:
     ids = _runs(db, q, 5) + _runs(db, q, 2, "t.b")
     params = {**FILTER, "job_type": "t.a", "statuses": ["pending", "waiting", "running"]}
-    assert db.execute(q.job_run_count, {**params, "cap": 100}).fetchone() == {"n": 5}
-    assert db.execute(q.job_run_count, {**params, "cap": 3}).fetchone() == {"n": 3}
-    assert db.execute(q.job_run_count, {**params, "statuses": ["failed"], "cap": 100}
+    assert db.execute(q.job_run_count, {"tenant_ids": None,
+                                        **params, "cap": 100}).fetchone() == {"n": 5}
+    assert db.execute(q.job_run_count, {"tenant_ids": None,
+                                        **params, "cap": 3}).fetchone() == {"n": 3}
+    assert db.execute(q.job_run_count, {"tenant_ids": None,
+                                        **params, "statuses": ["failed"], "cap": 100}
                       ).fetchone() == {"n": 0}
-    page = db.execute(q.job_run_list_ids, {**params, "limit": 3}).fetchall()
+    page = db.execute(q.job_run_list_ids, {"tenant_ids": None, **params, "limit": 3}).fetchall()
     assert [r["id"] for r in page] == sorted(ids[:5], reverse=True)[:3]
-    after = db.execute(q.job_run_list_ids, {**params, "limit": 10, "before_id": page[-1]["id"]})
+    after = db.execute(q.job_run_list_ids, {"tenant_ids": None,
+                                            **params, "limit": 10, "before_id": page[-1]["id"]})
     assert len(after.fetchall()) == 2
-    bounded = db.execute(q.job_run_list_ids, {**params, "limit": 10, "min_id": ids[3]})
+    bounded = db.execute(q.job_run_list_ids, {"tenant_ids": None,
+                                              **params, "limit": 10, "min_id": ids[3]})
     assert {r["id"] for r in bounded.fetchall()} == set(ids[3:5])
 
 
 def test_cancel_many_and_retry_many_change_only_runs_they_apply_to(db: Conn, q: Queries) -> None:
     pending = _runs(db, q, 3)
     failed = _fail(db, q, T0 + timedelta(seconds=1), 2)
-    canceled = db.execute(q.job_run_cancel_many, {"ids": [*pending, *failed],
+    canceled = db.execute(q.job_run_cancel_many, {"tenant_ids": None, "ids": [*pending, *failed],
                                                   "now": T0}).fetchall()
     assert {r["id"] for r in canceled} == set(pending) - set(failed)
     assert {r["status"] for r in canceled} == {"canceled"}
-    retried = db.execute(q.job_run_retry_many, {"ids": [*pending, *failed],
+    retried = db.execute(q.job_run_retry_many, {"tenant_ids": None, "ids": [*pending, *failed],
                                                 "now": T0}).fetchall()
     assert {r["id"] for r in retried} == set(pending)  # all now failed or canceled
     assert {r["status"] for r in retried} == {"pending"}
@@ -61,7 +66,8 @@ def test_cancel_many_and_retry_many_change_only_runs_they_apply_to(db: Conn, q: 
 def test_cancel_many_asks_a_running_run_to_stop(db: Conn, q: Queries) -> None:
     [run_id] = _runs(db, q, 1)
     claim(db, q, T0 + timedelta(seconds=1))
-    [row] = db.execute(q.job_run_cancel_many, {"ids": [run_id], "now": T0}).fetchall()
+    [row] = db.execute(q.job_run_cancel_many, {"tenant_ids": None,
+                                               "ids": [run_id], "now": T0}).fetchall()
     assert row["status"] == "running"
     assert db.execute("SELECT cancel_requested_at FROM notifyq.job_run").fetchone() == {
         "cancel_requested_at": T0}
@@ -72,7 +78,8 @@ def test_delete_many_deletes_only_finished_runs_with_their_steps(db: Conn, q: Qu
     failed = _fail(db, q, T0 + timedelta(seconds=1), 1)
     db.execute("INSERT INTO notifyq.job_step (run_id, step_id, seq, kind, status) "
                "VALUES (%s, 's', 1, 'step', 'completed')", (failed[0],))
-    deleted = db.execute(q.job_run_delete_many, {"ids": [*pending, *failed]}).fetchall()
+    deleted = db.execute(q.job_run_delete_many, {"tenant_ids": None,
+                                                 "ids": [*pending, *failed]}).fetchall()
     assert [(r["id"], r["status"]) for r in deleted] == [(failed[0], "failed")]
     assert db.execute("SELECT count(*) AS n FROM notifyq.job_run").fetchone() == {"n": 1}
     assert db.execute("SELECT count(*) AS n FROM notifyq.job_step").fetchone() == {"n": 0}
@@ -82,7 +89,8 @@ def test_reschedule_many_moves_only_pending_runs(db: Conn, q: Queries) -> None:
     failed = _fail(db, q, T0 + timedelta(seconds=1), 1)
     pending = _runs(db, q, 2)
     later = T0 + timedelta(days=1)
-    moved = db.execute(q.job_run_reschedule_many, {"ids": [*pending, *failed], "run_at": later,
+    moved = db.execute(q.job_run_reschedule_many, {"tenant_ids": None,
+                                                   "ids": [*pending, *failed], "run_at": later,
                                                    "now": T0}).fetchall()
     assert {r["id"] for r in moved} == set(pending)
     rows = db.execute("SELECT status, run_at, updated_at FROM notifyq.job_run WHERE id = ANY(%s)",
@@ -145,14 +153,15 @@ def test_endpoint_health_counts_recent_attempts_and_names_the_last_failure(
                  T0 - timedelta(days=2))
     _record_many(db, q, [_attempt(message, endpoint, succeeded=False, status=None),
                          _attempt(message, endpoint, succeeded=True, status="succeeded")], T0)
-    rows = db.execute(q.webhook_endpoint_health, {"ids": None, "now": T0, "window_s": 86400,
+    rows = db.execute(q.webhook_endpoint_health, {"tenant_ids": None,
+                                                  "ids": None, "now": T0, "window_s": 86400,
                                                   "limit": 10}).fetchall()
     health = {r["endpoint_id"]: r for r in rows}
     assert (health[endpoint]["attempts"], health[endpoint]["succeeded"]) == (2, 1)
     assert health[endpoint]["last_status_code"] in (200, 500)
     assert health[endpoint]["last_failure_status_code"] == 500
     assert (health[quiet]["attempts"], health[quiet]["last_attempt_at"]) == (0, None)
-    one = db.execute(q.webhook_endpoint_health, {"ids": [quiet], "now": T0,
+    one = db.execute(q.webhook_endpoint_health, {"tenant_ids": None, "ids": [quiet], "now": T0,
                                                  "window_s": 86400, "limit": 10}).fetchall()
     assert [r["endpoint_id"] for r in one] == [quiet]
 
@@ -161,10 +170,12 @@ def test_messages_list_newest_first_overall_and_per_endpoint(db: Conn, q: Querie
     first, second = _endpoint(db, q), _endpoint(db, q)
     sent = [_send(db, q, endpoint_id=first)["message_id"] for _ in range(3)]
     other = _send(db, q, endpoint_id=second)["message_id"]
-    everything = db.execute(q.webhook_message_list, {"before": None, "limit": 10}).fetchall()
+    everything = db.execute(q.webhook_message_list, {"tenant_ids": None,
+                                                     "before": None, "limit": 10}).fetchall()
     assert [m["id"] for m in everything] == [other, *reversed(sent)]
     assert everything[0]["deliveries"] == 1
-    page = db.execute(q.webhook_message_list, {"before": other, "limit": 2}).fetchall()
+    page = db.execute(q.webhook_message_list, {"tenant_ids": None,
+                                               "before": other, "limit": 2}).fetchall()
     assert [m["id"] for m in page] == [sent[2], sent[1]]
     mine = db.execute(q.webhook_delivery_list_by_endpoint, {
         "endpoint_id": first, "before": None, "limit": 10}).fetchall()

@@ -213,19 +213,23 @@ def test_job_signal_send_hands_each_signal_to_one_waiting_run_longest_waiting_fi
     wait_for_signal(db, q, first, "tok")
     wait_for_signal(db, q, second, "tok")
     send = q.job_signal_send
-    assert db.execute(send, {"token": "tok", "payload": '{"a": 1}'}).fetchone() == {"woken": 1}
+    assert db.execute(send, {"tenant_ids": None,
+                             "token": "tok", "payload": '{"a": 1}'}).fetchone() == {"woken": 1}
     assert get(db, q, first["id"])["status"] == "pending"
     assert signal_step(db, first, "tok") == {"status": "completed", "output": {"payload": {"a": 1}}}
     assert get(db, q, second["id"])["status"] == "waiting"  # one signal, one run
-    assert db.execute(send, {"token": "tok", "payload": '{"a": 2}'}).fetchone() == {"woken": 1}
+    assert db.execute(send, {"tenant_ids": None,
+                             "token": "tok", "payload": '{"a": 2}'}).fetchone() == {"woken": 1}
     assert signal_step(db, second, "tok")["output"] == {"payload": {"a": 2}}
     assert queued(db, "tok") == []  # delivered, so not kept
     # Nobody waits any more: the next signals queue up, in order.
-    assert db.execute(send, {"token": "tok", "payload": '{"a": 3}'}).fetchone() == {"woken": 0}
-    assert db.execute(send, {"token": "tok", "payload": '{"a": 4}'}).fetchone() == {"woken": 0}
+    assert db.execute(send, {"tenant_ids": None,
+                             "token": "tok", "payload": '{"a": 3}'}).fetchone() == {"woken": 0}
+    assert db.execute(send, {"tenant_ids": None,
+                             "token": "tok", "payload": '{"a": 4}'}).fetchone() == {"woken": 0}
     assert queued(db, "tok") == [{"a": 3}, {"a": 4}]
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="1 to 512"):
-        db.execute(send, {"token": "", "payload": "{}"})
+        db.execute(send, {"tenant_ids": None, "token": "", "payload": "{}"})
 
 
 def consume(db: Conn, q: Queries, run: dict[str, Any], token: str, *,
@@ -239,7 +243,8 @@ def consume(db: Conn, q: Queries, run: dict[str, Any], token: str, *,
 def test_job_signal_consume_takes_the_oldest_queued_signal_once_under_the_fence(
         db: Conn, q: Queries) -> None:
     for n in (1, 2):
-        db.execute(q.job_signal_send, {"token": "tok", "payload": json.dumps({"n": n})})
+        db.execute(q.job_signal_send, {"tenant_ids": None,
+                                       "token": "tok", "payload": json.dumps({"n": n})})
     first, second, third = claimed(db, q), claimed(db, q), claimed(db, q)
     assert consume(db, q, first, "tok", fence=first["fence"] + 1) is None  # lost its lease
     assert queued(db, "tok") == [{"n": 1}, {"n": 2}]

@@ -156,7 +156,7 @@ def test_a_dedupe_key_matches_live_and_completed_runs_but_not_failed_or_canceled
     finish(db, q, T0, [(claimed["id"], claimed["fence"], "failed")])
     second = enqueue(db, q, "t.d", dedupe_key="k")  # failed: enqueued again
     assert second["id"] != first["id"]
-    db.execute(q.job_run_cancel, {"id": second["id"], "now": None})
+    db.execute(q.job_run_cancel, {"tenant_ids": None, "id": second["id"], "now": None})
     third = enqueue(db, q, "t.d", dedupe_key="k")  # canceled: again
     assert third["id"] not in (first["id"], second["id"])
     (claimed,) = claim(db, q, T0)

@@ -22,7 +22,9 @@ def test_children_of_a_run_are_listed_oldest_first_and_only_theirs(db: Conn, q: 
     children = [_enqueue(db, "t.child") for _ in range(3)]
     db.execute("UPDATE notifyq.job_run SET parent_run_id = %s, root_run_id = %s "
                "WHERE id = ANY(%s)", (parent, parent, children))
-    rows = db.execute(q.job_run_list_children, {"parent_run_id": parent, "limit": 10}).fetchall()
+    rows = db.execute(q.job_run_list_children, {"tenant_ids": None,
+                                                "parent_run_id": parent, "limit": 10}).fetchall()
     assert [r["id"] for r in rows] == children
-    assert db.execute(q.job_run_list_children, {"parent_run_id": other, "limit": 10}
+    assert db.execute(q.job_run_list_children, {"tenant_ids": None,
+                                                "parent_run_id": other, "limit": 10}
                       ).fetchall() == []

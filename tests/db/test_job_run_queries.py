@@ -295,7 +295,7 @@ def test_job_run_finish_many_cancels_instead_of_going_back_to_pending_after_a_ca
         db: Conn, q: Queries) -> None:
     run = enqueue(db, q, run_at=T0)
     [c] = claim(db, q, T0)
-    db.execute(q.job_run_cancel, {"id": run["id"], "now": T0})
+    db.execute(q.job_run_cancel, {"tenant_ids": None, "id": run["id"], "now": T0})
     rows = finish(db, q, T0 + seconds(1), [(run["id"], c["fence"], "pending")], run_at=T0,
                   refund=1)
     assert [r["status"] for r in rows] == ["canceled"]
@@ -309,7 +309,7 @@ def test_job_run_finish_many_completes_a_run_that_finished_despite_a_cancel_requ
         db: Conn, q: Queries) -> None:
     run = enqueue(db, q, run_at=T0)
     [c] = claim(db, q, T0)
-    db.execute(q.job_run_cancel, {"id": run["id"], "now": T0})
+    db.execute(q.job_run_cancel, {"tenant_ids": None, "id": run["id"], "now": T0})
     rows = finish(db, q, T0, [(run["id"], c["fence"], "completed")], output="1")
     assert [r["status"] for r in rows] == ["completed"]
 
@@ -331,7 +331,7 @@ def test_job_run_heartbeat_many_extends_only_leases_held_with_the_fence(db: Conn
 def test_job_run_heartbeat_many_reports_cancel_requests(db: Conn, q: Queries) -> None:
     run = enqueue(db, q, run_at=T0)
     [c] = claim(db, q, T0)
-    db.execute(q.job_run_cancel, {"id": run["id"], "now": T0})
+    db.execute(q.job_run_cancel, {"tenant_ids": None, "id": run["id"], "now": T0})
     rows = db.execute(q.job_run_heartbeat_many, {
         "now": T0, "lease_s": 10, "ids": [run["id"]], "fences": [c["fence"]]}).fetchall()
     assert rows == [{"id": run["id"], "cancel_requested": True}]
@@ -379,7 +379,7 @@ def test_job_run_reap_expired_fails_runs_out_of_attempts(db: Conn, q: Queries) -
 def test_job_run_reap_expired_cancels_runs_with_a_cancel_request(db: Conn, q: Queries) -> None:
     run = enqueue(db, q, run_at=T0)
     claim(db, q, T0, lease_s=1)
-    db.execute(q.job_run_cancel, {"id": run["id"], "now": T0})
+    db.execute(q.job_run_cancel, {"tenant_ids": None, "id": run["id"], "now": T0})
     rows = db.execute(q.job_run_reap_expired, {"now": T0 + seconds(2), "limit": 10}).fetchall()
     assert [r["status"] for r in rows] == ["canceled"]
     assert get(db, q, run["id"])["finished_at"] == T0 + seconds(2)
@@ -470,7 +470,7 @@ def test_job_run_list_filters_by_status_type_pool_and_tag(db: Conn, q: Queries) 
     a = enqueue(db, q, "t.a", pool="p1", tags=["red", "big"])
     b = enqueue(db, q, "t.b", pool="p1", tags=["blue"])
     c = enqueue(db, q, "t.a", pool="p2")
-    db.execute(q.job_run_cancel, {"id": c["id"], "now": T0})
+    db.execute(q.job_run_cancel, {"tenant_ids": None, "id": c["id"], "now": T0})
     assert {r["id"] for r in _list(db, q, job_type="t.a")} == {a["id"], c["id"]}
     assert {r["id"] for r in _list(db, q, pool="p1")} == {a["id"], b["id"]}
     assert {r["id"] for r in _list(db, q, tag="red")} == {a["id"]}
@@ -480,7 +480,7 @@ def test_job_run_list_filters_by_status_type_pool_and_tag(db: Conn, q: Queries) 
 
 def test_job_run_cancel_cancels_pending_runs_at_once(db: Conn, q: Queries) -> None:
     run = enqueue(db, q)
-    row = db.execute(q.job_run_cancel, {"id": run["id"], "now": T0}).fetchone()
+    row = db.execute(q.job_run_cancel, {"tenant_ids": None, "id": run["id"], "now": T0}).fetchone()
     assert row is not None
     assert (row["status"], row["finished_at"], row["cancel_requested_at"]) == ("canceled", T0, T0)
 
@@ -488,13 +488,15 @@ def test_job_run_cancel_cancels_pending_runs_at_once(db: Conn, q: Queries) -> No
 def test_job_run_cancel_only_requests_it_for_running_runs(db: Conn, q: Queries) -> None:
     run = enqueue(db, q, run_at=T0)
     claim(db, q, T0)
-    row = db.execute(q.job_run_cancel, {"id": run["id"], "now": T0 + seconds(1)}).fetchone()
+    row = db.execute(q.job_run_cancel, {"tenant_ids": None,
+                                        "id": run["id"], "now": T0 + seconds(1)}).fetchone()
     assert row is not None
     assert row["status"] == "running"
     assert row["finished_at"] is None
     assert row["cancel_requested_at"] == T0 + seconds(1)
     # Asking twice keeps the first request time.
-    again = db.execute(q.job_run_cancel, {"id": run["id"], "now": T0 + seconds(9)}).fetchone()
+    again = db.execute(q.job_run_cancel, {"tenant_ids": None,
+                                          "id": run["id"], "now": T0 + seconds(9)}).fetchone()
     assert again is not None
     assert again["cancel_requested_at"] == T0 + seconds(1)
 
@@ -503,7 +505,8 @@ def test_job_run_cancel_matches_nothing_for_finished_runs(db: Conn, q: Queries) 
     run = enqueue(db, q, run_at=T0)
     [c] = claim(db, q, T0)
     finish(db, q, T0, [(run["id"], c["fence"], "completed")])
-    assert db.execute(q.job_run_cancel, {"id": run["id"], "now": T0}).fetchone() is None
+    assert db.execute(q.job_run_cancel, {"tenant_ids": None,
+                                         "id": run["id"], "now": T0}).fetchone() is None
 
 
 def test_job_run_retry_puts_a_dead_run_back_with_room_for_one_attempt(db: Conn,
@@ -511,7 +514,8 @@ def test_job_run_retry_puts_a_dead_run_back_with_room_for_one_attempt(db: Conn,
     run = enqueue(db, q, run_at=T0, max_attempts=1)
     [c] = claim(db, q, T0)
     finish(db, q, T0, [(run["id"], c["fence"], "failed")], error='{"message": "x"}')
-    row = db.execute(q.job_run_retry, {"id": run["id"], "now": T0 + seconds(5)}).fetchone()
+    row = db.execute(q.job_run_retry, {"tenant_ids": None,
+                                       "id": run["id"], "now": T0 + seconds(5)}).fetchone()
     assert row is not None
     assert (row["status"], row["run_at"], row["finished_at"]) == (
         "pending", T0 + seconds(5), None)
@@ -524,7 +528,7 @@ def test_job_run_retry_accepts_canceled_and_timed_out_runs(db: Conn, q: Queries,
                                                            status: str) -> None:
     run = enqueue(db, q)
     db.execute("UPDATE notifyq.job_run SET status = %s WHERE id = %s", (status, run["id"]))
-    row = db.execute(q.job_run_retry, {"id": run["id"], "now": T0}).fetchone()
+    row = db.execute(q.job_run_retry, {"tenant_ids": None, "id": run["id"], "now": T0}).fetchone()
     assert row is not None
     assert row["status"] == "pending"
 
@@ -534,7 +538,8 @@ def test_job_run_retry_matches_nothing_for_live_or_completed_runs(db: Conn, q: Q
                                                                   status: str) -> None:
     run = enqueue(db, q)
     db.execute("UPDATE notifyq.job_run SET status = %s WHERE id = %s", (status, run["id"]))
-    assert db.execute(q.job_run_retry, {"id": run["id"], "now": T0}).fetchone() is None
+    assert db.execute(q.job_run_retry, {"tenant_ids": None,
+                                        "id": run["id"], "now": T0}).fetchone() is None
 
 
 # -- stats / scheduling ---------------------------------------------------------------------------
@@ -544,7 +549,7 @@ def test_job_run_count_by_status_groups_by_type_pool_and_status(db: Conn, q: Que
         enqueue(db, q, "t.a")
     enqueue(db, q, "t.a", pool="p2")
     c = enqueue(db, q, "t.b")
-    db.execute(q.job_run_cancel, {"id": c["id"], "now": T0})
+    db.execute(q.job_run_cancel, {"tenant_ids": None, "id": c["id"], "now": T0})
     rows = db.execute(q.job_run_count_by_status).fetchall()
     assert [(r["job_type"], r["pool"], r["status"], r["count"]) for r in rows] == [
         ("t.a", "default", "pending", 3), ("t.a", "p2", "pending", 1),

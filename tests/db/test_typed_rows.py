@@ -58,10 +58,10 @@ def test_the_queries_that_make_runs_return_every_field_of_a_run(db: Conn, q: Que
     run_id = enqueue(db, q)["id"]
     for query, params in [
         (q.job_run_get, {"id": run_id}),
-        (q.job_run_list, {**LIST_FILTERS, "limit": 10}),
-        (q.job_run_list_children, {"parent_run_id": run_id, "limit": 10}),
-        (q.job_run_cancel, {"id": run_id, "now": None}),
-        (q.job_run_retry, {"id": run_id, "now": None}),
+        (q.job_run_list, {"tenant_ids": None, **LIST_FILTERS, "limit": 10}),
+        (q.job_run_list_children, {"tenant_ids": None, "parent_run_id": run_id, "limit": 10}),
+        (q.job_run_cancel, {"tenant_ids": None, "id": run_id, "now": None}),
+        (q.job_run_retry, {"tenant_ids": None, "id": run_id, "now": None}),
     ]:
         cur = db.execute(query, params)
         assert cur.description is not None

@@ -20,7 +20,8 @@ def _endpoint(db: Conn, q: Queries, *, event_types: list[str] | None = None,
               enabled: bool = True) -> Any:
     row = db.execute(q.webhook_endpoint_insert, {
         "url": "https://hooks.example/x", "description": "d", "event_types": event_types,
-        "headers": Jsonb({"X-A": "1"}), "enabled": enabled, "now": T0}).fetchone()
+        "headers": Jsonb({"X-A": "1"}), "enabled": enabled, "now": T0,
+        "tenant_id": None}).fetchone()
     assert row is not None
     db.execute(q.webhook_secret_insert, {"id": uuid.uuid4(), "endpoint_id": row["id"],
                                          "ciphertext": b"c" * 40, "now": T0})
@@ -78,13 +79,16 @@ def test_endpoints_are_inserted_listed_updated_disabled_enabled_and_deleted(
     got = db.execute(q.webhook_endpoint_get, {"id": first, "now": T0}).fetchone()
     assert got is not None
     assert (got["valid_secrets"], got["headers"]) == (1, {"X-A": "1"})
-    listed = db.execute(q.webhook_endpoint_list, {"after": None, "enabled": None, "limit": 10,
+    listed = db.execute(q.webhook_endpoint_list, {"tenant_ids": None,
+                                                  "after": None, "enabled": None, "limit": 10,
                                                   "now": T0}).fetchall()
     assert [r["id"] for r in listed] == [first, second]
-    enabled = db.execute(q.webhook_endpoint_list, {"after": None, "enabled": True,
+    enabled = db.execute(q.webhook_endpoint_list, {"tenant_ids": None,
+                                                   "after": None, "enabled": True,
                                                    "limit": 10, "now": T0}).fetchall()
     assert [r["id"] for r in enabled] == [first]
-    after = db.execute(q.webhook_endpoint_list, {"after": first, "enabled": None, "limit": 10,
+    after = db.execute(q.webhook_endpoint_list, {"tenant_ids": None,
+                                                 "after": first, "enabled": None, "limit": 10,
                                                  "now": T0}).fetchall()
     assert [r["id"] for r in after] == [second]
 
@@ -308,7 +312,7 @@ def test_header_values_are_sealed_listed_while_in_clear_and_read_back(
     clear = _endpoint(db, q)  # written with clear header values, as before 0014
     empty = db.execute(q.webhook_endpoint_insert, {
         "url": "https://hooks.example/y", "description": "", "event_types": None,
-        "headers": Jsonb({}), "enabled": True, "now": T0}).fetchone()
+        "headers": Jsonb({}), "enabled": True, "now": T0, "tenant_id": None}).fetchone()
     assert empty is not None
     unsealed = db.execute(q.webhook_endpoint_list_unsealed, {"limit": 10}).fetchall()
     assert unsealed == [{"id": clear, "headers": {"X-A": "1"}}]

@@ -43,6 +43,9 @@ def _gone(data: Path) -> None:
 def data_dir() -> Iterator[Path]:
     """A short path (the socket lives in it) outside /root."""
     parent = Path(tempfile.mkdtemp(prefix="nqe-", dir="/tmp"))
+    # mkdtemp makes it 0700; as root the server runs as user pgserver, which must traverse it,
+    # and notifyq no longer changes the mode of a directory it did not create.
+    parent.chmod(0o755)
     try:
         yield parent / "pg"
     finally:
