@@ -289,8 +289,8 @@ class WebhookSettings(_Section):
     """Pooled connections across destinations (kept alive per destination). Defaults to 100."""
     transport: Literal["notifyq", "httpx"] = "notifyq"
     """The HTTP/1.1 client under deliveries: ``notifyq``'s own (one request, one response,
-    about 9x less CPU per request) or httpx's stock transport (httpcore and h11); the SSRF
-    guard applies to both. Defaults to "notifyq"."""
+    framed as strictly as h11; 5-15x less CPU per request, docs/webhooks.md) or httpx's stock
+    transport (httpcore and h11); the SSRF guard applies to both. Defaults to "notifyq"."""
 
     @field_validator("allowed_networks", "allowed_ports", mode="before")
     @classmethod
