@@ -13,6 +13,7 @@ import ipaddress
 import socket
 import ssl
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Literal
 
 import httpcore
@@ -25,6 +26,7 @@ from notifyq._webhooks.client import WebhookClient
 from notifyq._webhooks.ssrf import Guard, Resolver
 from notifyq._webhooks.stock import SocketOption, StockTransport
 from notifyq._webhooks.transport import GuardedTransport, Stream, open_stream
+from tests.webhooks.test_error_kinds import _self_signed
 from tests.webhooks.test_transport import OK, Server, answering, serving
 
 pytestmark = pytest.mark.anyio
@@ -87,8 +89,9 @@ def answers(*addresses: str) -> Resolver:
     return resolver
 
 
-async def post(http: httpx.AsyncBaseTransport, port: int) -> httpx.Response:
-    request = httpx.Request("POST", f"http://hooks.example:{port}/in", content=b"{}")
+async def post(http: httpx.AsyncBaseTransport, port: int,
+               scheme: str = "http") -> httpx.Response:
+    request = httpx.Request("POST", f"{scheme}://hooks.example:{port}/in", content=b"{}")
     response = await http.handle_async_request(request)
     await response.aread()
     return response
@@ -223,3 +226,43 @@ def test_allowed_ports_are_read_from_the_environment_form(
     monkeypatch.setenv("NOTIFYQ_WEBHOOKS__TRANSPORT", "curl")
     with pytest.raises(ConfigError, match="transport"):
         load_settings()
+
+
+async def test_tls_verifies_the_urls_hostname_not_the_checked_address(
+        kind: str, tmp_path: Path) -> None:
+    """The certificate names localhost and 127.0.0.1: reached as ``localhost`` it is accepted;
+    reached as ``hooks.example`` resolving to 127.0.0.1 it is refused, so the name, not the
+    address the stream went to, was verified (SNI included), and no other address was tried."""
+    cert, key = _self_signed(tmp_path)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    trusted = ssl.create_default_context(cafile=str(cert))
+    server = Server()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        server.connections += 1
+        await answering(OK, then_close=True)(reader, writer, server, server.connections)
+        writer.close()
+
+    listener = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=served)
+    port = listener.sockets[0].getsockname()[1]
+    connects = Connects()
+    guard, resolver = Guard(LOOPBACK), answers("127.0.0.1", "::1")
+    http: httpx.AsyncBaseTransport = (
+        GuardedTransport(guard, resolver, opener=connects.open, ssl_context=trusted)
+        if kind == "notifyq" else
+        StockTransport(guard, resolver, ssl_context=trusted, backend=LoopbackBackend(connects)))
+    try:
+        request = httpx.Request("POST", f"https://localhost:{port}/in", content=b"{}")
+        response = await http.handle_async_request(request)
+        await response.aread()
+        await response.aclose()
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            await post(http, port, scheme="https")
+    finally:
+        await http.aclose()
+        listener.close()
+        await listener.wait_closed()
+    assert response.status_code == 200
+    assert connects.addresses == ["127.0.0.1", "127.0.0.1"]
+    assert len(server.requests) == 1
