@@ -25,7 +25,6 @@ import httpx
 from notifyq._errors import BlockedAddress, ResolutionFailed
 from notifyq._settings import WebhookSettings
 from notifyq._webhooks.ssrf import Guard, Resolver
-from notifyq._webhooks.stock import StockTransport
 from notifyq._webhooks.transport import GuardedTransport, describe
 
 ErrorKind = Literal["timeout", "connect", "dns", "tls", "blocked"]
@@ -109,9 +108,13 @@ def transport_for(settings: WebhookSettings,
     """The transport ``webhooks.transport`` names, guarded by ``allowed_networks`` and
     ``allowed_ports``."""
     guard = Guard(settings.allowed_networks, settings.allowed_ports)
-    kind = GuardedTransport if settings.transport == "notifyq" else StockTransport
-    return kind(guard, resolver, max_connections=settings.max_connections,
-                connect_timeout_s=settings.connect_timeout_s)
+    limit, connect_s = settings.max_connections, settings.connect_timeout_s
+    if settings.transport == "notifyq":
+        return GuardedTransport(guard, resolver, max_connections=limit,
+                                connect_timeout_s=connect_s)
+    from notifyq._webhooks.stock import StockTransport  # httpcore: imported when chosen
+
+    return StockTransport(guard, resolver, max_connections=limit, connect_timeout_s=connect_s)
 
 
 _parsed = functools.lru_cache(maxsize=1024)(httpx.URL)
