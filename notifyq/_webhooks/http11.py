@@ -1,6 +1,6 @@
 """HTTP/1.1 response framing (RFC 9112), sans I/O: the head and the body of a response read out
 of a byte buffer, exactly as strict as h11 (httpx's own parser), which
-``tests/webhooks/test_http11_oracle.py`` checks property by property with h11 as the oracle.
+``tests/unit/test_webhook_http11.py`` checks property by property with h11 as the oracle.
 
 The rules that decide where a response ends, and so whether the next one on the connection is
 read from the right byte (a lenient parser here is a response-splitting hole):
