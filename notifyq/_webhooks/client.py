@@ -1,8 +1,10 @@
 """The HTTP side of one delivery attempt.
 
-One :class:`WebhookClient` per process: httpx requests sent straight through notifyq's own
-transport (:class:`~notifyq._webhooks.transport.GuardedTransport`), so connections are pooled per
-destination (origin) and every new connection is checked by the SSRF guard. There is no client
+One :class:`WebhookClient` per process: httpx requests sent straight through a transport, so
+connections are pooled per destination (origin) and every new connection is checked by the SSRF
+guard. ``webhooks.transport`` picks it: notifyq's own
+(:class:`~notifyq._webhooks.transport.GuardedTransport`, the default) or httpx's stock one
+(:class:`~notifyq._webhooks.stock.StockTransport`), the same guard under both. There is no client
 layer that could follow a redirect (3xx is a failure), read the environment (no proxy can route
 around the guard) or keep a cookie, and responses are asked for uncompressed. The whole attempt,
 body included, runs under one deadline enforced here, and at most ``response_max_bytes`` of the
@@ -22,8 +24,8 @@ import httpx
 
 from notifyq._errors import BlockedAddress, ResolutionFailed
 from notifyq._settings import WebhookSettings
-from notifyq._webhooks.ssrf import Resolver
-from notifyq._webhooks.transport import describe, transport_for
+from notifyq._webhooks.ssrf import Guard, Resolver
+from notifyq._webhooks.transport import GuardedTransport, describe
 
 ErrorKind = Literal["timeout", "connect", "dns", "tls", "blocked"]
 USER_AGENT = "notifyq-webhooks/1"
@@ -99,6 +101,20 @@ class WebhookClient:
         return AttemptResult(duration_ms=_ms(started), status_code=response.status_code,
                              body=data[:limit], truncated=truncated or len(data) > limit,
                              retry_after=response.headers.get("retry-after"))
+
+
+def transport_for(settings: WebhookSettings,
+                  resolver: Resolver | None = None) -> httpx.AsyncBaseTransport:
+    """The transport ``webhooks.transport`` names, guarded by ``allowed_networks`` and
+    ``allowed_ports``."""
+    guard = Guard(settings.allowed_networks, settings.allowed_ports)
+    limit, connect_s = settings.max_connections, settings.connect_timeout_s
+    if settings.transport == "notifyq":
+        return GuardedTransport(guard, resolver, max_connections=limit,
+                                connect_timeout_s=connect_s)
+    from notifyq._webhooks.stock import StockTransport  # httpcore: imported when chosen
+
+    return StockTransport(guard, resolver, max_connections=limit, connect_timeout_s=connect_s)
 
 
 _parsed = functools.lru_cache(maxsize=1024)(httpx.URL)

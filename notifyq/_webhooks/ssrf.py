@@ -1,16 +1,20 @@
 """The SSRF guard: webhook destinations must be public addresses.
 
 ``Guard.judge(address)`` says why an address is refused (None: it may be reached). IPv4 forms
-embedded in IPv6 (mapped ``::ffff:a.b.c.d``, compatible ``::a.b.c.d``, NAT64 ``64:ff9b::/96``,
-6to4 ``2002::/16``) are unwrapped and judged as IPv4. The tables below are explicit (IANA special
-purpose registries) rather than ``ipaddress.is_global`` alone, which has let through ranges such
-as CGNAT or NAT64 in some Python versions; ``is_global`` is checked as well.
+embedded in IPv6 (mapped ``::ffff:a.b.c.d``, translated ``::ffff:0:a.b.c.d``, compatible
+``::a.b.c.d``, NAT64 ``64:ff9b::/96``, 6to4 ``2002::/16``) are unwrapped and the IPv4 address
+alone is judged, ``allowed_networks`` included: it is where the packets go, so allowing the
+wrapper (``64:ff9b::/96``) does not let through the metadata address inside it. The tables below
+are explicit (IANA special purpose registries) rather than ``ipaddress.is_global`` alone, which
+has let through ranges such as CGNAT, NAT64 or the translated form in some Python versions;
+``is_global`` is checked as well. ``allowed_ports`` (when set) limits the destination port.
 
-At delivery the guard sits under the HTTP client (in
-:class:`~notifyq._webhooks.transport.GuardedTransport`): the hostname is resolved once, every
-resolved address must pass, and the connection goes to the address that was checked, so a DNS
-answer that changes between check and connect (rebinding) is never used. TLS still verifies the
-URL's hostname (SNI and certificate), not the address the TCP stream went to.
+At delivery the guard sits under the HTTP client (in both transports,
+:mod:`notifyq._webhooks.transport`): the hostname is resolved once, every resolved address must
+pass (one bad answer refuses them all), and the connection goes to a checked address, tried in
+the resolver's order until one connects; a DNS answer that changes between check and connect
+(rebinding) is never used. TLS still verifies the URL's hostname (SNI and certificate), not the
+address the TCP stream went to.
 """
 
 from __future__ import annotations
@@ -67,10 +71,8 @@ BLOCKED: list[tuple[IPNetwork, str]] = [
 
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _COMPATIBLE = ipaddress.IPv6Network("::/96")
-
-
-
-
+_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
+"""SIIT's IPv4-translated form (RFC 2765), which ``ipv4_mapped`` does not read."""
 
 
 def unwrap(address: IPAddress) -> IPAddress:
@@ -79,7 +81,8 @@ def unwrap(address: IPAddress) -> IPAddress:
         return address
     if address.ipv4_mapped is not None:
         return address.ipv4_mapped
-    if address in _NAT64 or (address in _COMPATIBLE and int(address) > 1):
+    if (address in _NAT64 or address in _TRANSLATED
+            or (address in _COMPATIBLE and int(address) > 1)):
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     if address.sixtofour is not None:
         return address.sixtofour
@@ -109,23 +112,35 @@ def is_localhost_name(host: str) -> bool:
 
 
 class Guard:
-    """Judges addresses: refused unless public, or inside ``allowed`` networks."""
+    """Judges addresses: refused unless public, or inside ``allowed`` networks; and ports:
+    refused unless in ``ports`` (empty: any port)."""
 
-    def __init__(self, allowed: Iterable[str] = ()) -> None:
+    def __init__(self, allowed: Iterable[str] = (), ports: Iterable[int] = ()) -> None:
         self.allowed = [ipaddress.ip_network(c, strict=False) for c in allowed]
+        self.ports = frozenset(ports)
 
     def judge(self, address: IPAddress) -> str | None:
         """Why ``address`` is refused, or None when it may be reached."""
-        inner = unwrap(address)
-        if self._allowed(address) or self._allowed(inner):
+        # An embedded IPv4 address is what the packets reach: it alone is judged, allowlist
+        # included (allowing 64:ff9b::/96 must not allow 64:ff9b::a9fe:a9fe, the metadata
+        # service). Allowing 127.0.0.0/8 does allow ::ffff:127.0.0.1: the same destination.
+        target = unwrap(address)
+        if self._allowed(target):
             return None
-        # An embedded IPv4 address is what the packets reach: judge that one.
+        label = str(address) if target == address else f"{address} (IPv4 {target})"
         for network, why in BLOCKED:
-            if inner.version == network.version and inner in network:
-                return f"{address} is {why}"
-        if not inner.is_global:
-            return f"{address} is not a public address"
+            if target.version == network.version and target in network:
+                return f"{label} is {why}"
+        if not target.is_global:
+            return f"{label} is not a public address"
         return None
+
+    def check_port(self, port: int) -> str | None:
+        """Why ``port`` is refused (``webhooks.allowed_ports``), or None."""
+        if not self.ports or port in self.ports:
+            return None
+        allowed = ", ".join(str(p) for p in sorted(self.ports))
+        return f"port {port} is not in webhooks.allowed_ports ({allowed})"
 
     def _allowed(self, address: IPAddress) -> bool:
         return any(address.version == n.version and address in n for n in self.allowed)
@@ -139,9 +154,12 @@ class Guard:
         literal = literal_address(host)
         return None if literal is None else self.judge(literal)
 
-    async def resolve(self, host: str, port: int, resolver: Resolver) -> IPAddress:
-        """The address to connect to: every address ``host`` resolves to must pass (one bad
-        answer refuses them all); the first is used."""
+    async def addresses(self, host: str, port: int, resolver: Resolver) -> list[IPAddress]:
+        """The addresses to try, in the resolver's order: every address ``host`` resolves to
+        must pass (one bad answer refuses them all), and so must ``port``."""
+        refused = self.check_port(port)
+        if refused is not None:
+            raise BlockedAddress(f"refusing to connect to {host}: {refused}")
         literal = literal_address(host)
         if literal is not None:
             addresses: list[IPAddress] = [literal]
@@ -160,7 +178,7 @@ class Guard:
             reason = self.judge(address)
             if reason is not None:
                 raise BlockedAddress(f"refusing to connect to {host}: {reason}")
-        return addresses[0]
+        return list(dict.fromkeys(addresses))
 
 
 async def system_resolver(host: str, port: int) -> list[str]:

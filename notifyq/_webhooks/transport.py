@@ -5,16 +5,20 @@ keep-alive POST to a loopback receiver (connection-pool bookkeeping, h11's event
 anyio stream wrappers, a readability poll of every idle connection), which capped a worker
 process near 1,100 requests/s before any database work. A webhook POST is the narrowest case of
 HTTP/1.1 — one request with a known body, one response read once — and this transport does only
-that, in about 60 µs: the whole request in one write, the head parsed with ``bytes`` methods, the
-body framed by ``Content-Length``, chunked coding or the connection's end.
+that, in about 60 µs: the whole request in one write into a plain :class:`asyncio.Protocol`, the
+response framed from its buffer by :mod:`notifyq._webhooks.http11` (RFC 9112, as strict as h11).
+The stock transport stays one setting away (``webhooks.transport: httpx``,
+:mod:`notifyq._webhooks.stock`), behind the same guard.
 
 What it keeps from the contract:
 
 - **SSRF guard**: every new connection resolves the host through the guard
-  (:meth:`~notifyq._webhooks.ssrf.Guard.resolve`) and connects to the address that was checked;
-  TLS verifies the URL's hostname (SNI and certificate), not the address.
+  (:meth:`~notifyq._webhooks.ssrf.Guard.addresses`) and connects to a checked address, tried in
+  order until one connects; TLS verifies the URL's hostname (SNI and certificate), not the
+  address.
 - **Pooling per destination** (scheme, host, port): idle connections are reused newest first and
-  dropped after ``KEEPALIVE_S`` or when the peer has closed them; at most ``max_connections``
+  dropped after ``KEEPALIVE_S``, when the peer has closed them or sent bytes nobody asked for
+  (a response to no request must never answer the next one); at most ``max_connections``
   are open across destinations (an idle one of another destination is closed to make room).
 - A request on a reused connection that fails before any byte of the response arrived (the
   receiver closed the idle connection as we wrote) is sent once more on a new connection;
@@ -40,37 +44,125 @@ from dataclasses import dataclass, field
 import httpx
 
 from notifyq._errors import BlockedAddress
-from notifyq._settings import WebhookSettings
-from notifyq._webhooks.ssrf import Guard, Resolver, system_resolver
+from notifyq._webhooks.http11 import BodyReader, Framing, Head, framing, read_head
+from notifyq._webhooks.ssrf import Guard, IPAddress, Resolver, system_resolver
 
 Origin = tuple[str, str, int]
-Opener = Callable[..., Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
-"""``asyncio.open_connection``'s shape; tests inject a recording one."""
+Opener = Callable[..., Awaitable["Stream"]]
+"""``(host, port, *, tls, server_hostname) -> stream``; tests inject a recording one."""
 
 KEEPALIVE_S = 30.0
 HEAD_LIMIT = 65_536
-"""Largest response head (status line and headers) accepted."""
-READ_SIZE = 65_536
-_NO_BODY = frozenset({204, 304})
+"""Largest response head (status line and headers), chunk-size line or trailer accepted."""
+READ_HIGH = 262_144
+"""Unread bytes at which the socket stops being read until the body is consumed."""
+
+
+class Stream(asyncio.Protocol):
+    """One connection's bytes: what arrived waits in ``buffer`` (ours, so the pool can see
+    whether an idle connection received anything), ``receive()`` waits for more."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._writable: asyncio.Future[None] | None = None
+        self._paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)  # noqa: S101 - a stream socket
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if len(self.buffer) > READ_HIGH and not self._paused and self.transport:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.closed = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.error = exc
+        self._wake()
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._writable = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def send(self, data: bytes) -> None:
+        if self.closed or self.transport is None:
+            raise self.error or ConnectionResetError("the connection is closed")
+        self.transport.write(data)
+        if self._writable is not None:
+            await self._writable
+            if self.error is not None:
+                raise self.error
+
+    async def receive(self) -> bool:
+        """Wait until more bytes are in ``buffer``: False when the peer closed instead; the
+        OSError that broke the connection, if one did."""
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        before = len(self.buffer)
+        while len(self.buffer) == before:
+            if self.closed:
+                if self.error is not None:
+                    raise self.error
+                return False
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return True
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def open_stream(host: str, port: int, *, tls: ssl.SSLContext | None,
+                      server_hostname: str | None) -> Stream:
+    _, stream = await asyncio.get_running_loop().create_connection(
+        Stream, host, port, ssl=tls, server_hostname=server_hostname)
+    return stream
 
 
 @dataclass(eq=False, slots=True)
 class _Connection:
     origin: Origin
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
+    stream: Stream
     idle_since: float = 0.0
     used: bool = False
 
     def alive(self, now: float) -> bool:
-        """Reusable: not expired, not closed by the peer, nothing unasked-for buffered (the
+        """Reusable: not expired, not closed by the peer, nothing unasked-for received (the
         loop has already read whatever arrived while idle: no syscall needed to know)."""
-        return (now - self.idle_since < KEEPALIVE_S and not self.reader.at_eof()
-                and not self.writer.is_closing()
-                and not self.reader._buffer)  # type: ignore[attr-defined]  # CPython's buffer
+        stream = self.stream
+        return (now - self.idle_since < KEEPALIVE_S and not stream.closed
+                and not stream.buffer and stream.transport is not None
+                and not stream.transport.is_closing())
 
     def close(self) -> None:
-        self.writer.close()
+        self.stream.close()
 
 
 @dataclass(eq=False, slots=True)
@@ -99,7 +191,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         self.resolver = resolver or system_resolver
         self.connect_timeout_s = connect_timeout_s
         self._ssl = ssl_context
-        self._open_connection: Opener = opener or asyncio.open_connection
+        self._open: Opener = opener or open_stream
         self._idle: dict[Origin, list[_Connection]] = {}
         self._limit = _Limiter(max_connections)
         self._closed = False
@@ -120,14 +212,14 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         conn = await self._acquire(origin)
         reused = conn.used
         try:
-            status, headers, version = await self._exchange(conn, payload)
+            head = await self._exchange(conn, payload)
         except _NothingReceived as exc:
             self.drop(conn)
             if not reused:
                 raise exc.error from exc.__cause__
             conn = await self._acquire(origin, fresh=True)
             try:
-                status, headers, version = await self._exchange(conn, payload)
+                head = await self._exchange(conn, payload)
             except _NothingReceived as again:
                 self.drop(conn)
                 raise again.error from again.__cause__
@@ -138,39 +230,37 @@ class GuardedTransport(httpx.AsyncBaseTransport):
             self.drop(conn)
             raise
         conn.used = True
-        try:
-            stream = _Body(self, conn, _framing(status, headers, version))
-        except BaseException:
-            self.drop(conn)
-            raise
-        return httpx.Response(status, headers=headers, stream=stream,
-                              extensions={"http_version": version}, request=request)
+        stream = _Body(self, conn, framing(head, request.method.encode()))
+        return httpx.Response(head.status, headers=head.headers, stream=stream,
+                              extensions={"http_version": head.version}, request=request)
 
-    async def _exchange(self, conn: _Connection,
-                        payload: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    async def _exchange(self, conn: _Connection, payload: bytes) -> Head:
+        stream = conn.stream
         try:
-            conn.writer.write(payload)
-            await conn.writer.drain()
+            await stream.send(payload)
         except OSError as exc:
             raise _NothingReceived(httpx.WriteError(describe(exc))) from exc
+        answered = False
         while True:
-            try:
-                head = await conn.reader.readuntil(b"\r\n\r\n")
-            except asyncio.IncompleteReadError as exc:
-                error = httpx.RemoteProtocolError("the server closed the connection without "
-                                                  "sending a complete response")
-                if not exc.partial:
-                    raise _NothingReceived(error) from None
-                raise error from None
-            except asyncio.LimitOverrunError:
-                raise httpx.RemoteProtocolError(
-                    f"the response head is larger than {HEAD_LIMIT} bytes") from None
-            except OSError as exc:
-                raise _NothingReceived(httpx.ReadError(describe(exc))) from exc
-            status, headers, version = _parse_head(head)
-            if status >= 200:
-                return status, headers, version
+            head = read_head(stream.buffer, HEAD_LIMIT)
+            if head is None:
+                try:
+                    more = await stream.receive()
+                except OSError as exc:
+                    if answered or stream.buffer:
+                        raise httpx.ReadError(describe(exc)) from exc
+                    raise _NothingReceived(httpx.ReadError(describe(exc))) from exc
+                if not more:
+                    error = httpx.RemoteProtocolError("the server closed the connection without "
+                                                      "sending a complete response")
+                    if answered or stream.buffer:
+                        raise error
+                    raise _NothingReceived(error)
+                continue
+            if head.status >= 200:
+                return head
             # 1xx (100 Continue, 103 Early Hints): informational, the real answer follows.
+            answered = True
 
     async def _acquire(self, origin: Origin, *, fresh: bool = False) -> _Connection:
         if self._closed:
@@ -211,29 +301,43 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         return False
 
     async def _connect(self, origin: Origin) -> _Connection:
+        """A connection to the first checked address that takes one, in the resolver's order
+        (an unreachable IPv6 answer falls over to IPv4). A TLS failure is not a reason to try
+        another address: the certificate is the host's, whichever address serves it."""
         scheme, host, port = origin
-        address = await self.guard.resolve(host, port, self.resolver)
+        addresses = await self.guard.addresses(host, port, self.resolver)
+        failure: httpx.TransportError | None = None
+        for address in addresses:
+            try:
+                return _Connection(origin, await self._connect_to(address, scheme, host, port))
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if _tls_failure(exc):
+                    raise
+                failure = exc
+        assert failure is not None  # noqa: S101 - addresses() never returns none
+        raise failure
+
+    async def _connect_to(self, address: IPAddress, scheme: str, host: str,
+                          port: int) -> Stream:
         tls = scheme == "https"
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                reader, writer = await self._open_connection(
-                    str(address), port, limit=HEAD_LIMIT,
-                    ssl=self._ssl_context() if tls else None,
-                    server_hostname=host if tls else None)
+                return await self._open(str(address), port,
+                                        tls=self._ssl_context() if tls else None,
+                                        server_hostname=host if tls else None)
         except TimeoutError:
-            raise httpx.ConnectTimeout(f"no connection to {host}:{port} within "
+            raise httpx.ConnectTimeout(f"no connection to {host}:{port} ({address}) within "
                                        f"{self.connect_timeout_s:g} s") from None
         except BlockedAddress:
             raise
         except (OSError, ssl.SSLError) as exc:
             raise httpx.ConnectError(describe(exc)) from exc
-        return _Connection(origin, reader, writer)
 
     def release(self, conn: _Connection) -> None:
-        if self._closed:
-            self.drop(conn)
-            return
         conn.idle_since = time.monotonic()
+        if self._closed or not conn.alive(conn.idle_since):
+            self.drop(conn)  # e.g. bytes after the response: an answer to no request
+            return
         self._idle.setdefault(conn.origin, []).append(conn)
         self._limit.wake_one()
 
@@ -258,6 +362,10 @@ class _NothingReceived(Exception):
         self.error = error
 
 
+def _tls_failure(exc: BaseException) -> bool:
+    return isinstance(exc.__cause__, ssl.SSLError)
+
+
 def _serialize(request: httpx.Request, body: bytes) -> bytes:
     lines = [b"%s %s HTTP/1.1" % (request.method.encode(), request.url.raw_path)]
     for name, value in request.headers.raw:
@@ -269,124 +377,41 @@ def _serialize(request: httpx.Request, body: bytes) -> bytes:
     return b"\r\n".join(lines) + body
 
 
-def _parse_head(head: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    lines = head[:-4].split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0") or not (
-            len(parts[1]) == 3 and parts[1].isdigit()):
-        raise httpx.RemoteProtocolError(f"not an HTTP/1.x status line: {lines[0][:100]!r}")
-    headers = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
-            raise httpx.RemoteProtocolError(f"malformed response header line: {line[:100]!r}")
-        headers.append((name, value.strip(b" \t")))
-    return int(parts[1]), headers, parts[0]
-
-
-@dataclass(frozen=True, slots=True)
-class _Framing:
-    kind: str  # "empty" | "length" | "chunked" | "close"
-    length: int = 0
-    keep_alive: bool = True
-
-
-def _framing(status: int, headers: list[tuple[bytes, bytes]], version: bytes) -> _Framing:
-    connection = b",".join(v for n, v in headers if n.lower() == b"connection").lower()
-    keep_alive = (b"close" not in connection if version == b"HTTP/1.1"
-                  else b"keep-alive" in connection)
-    if status in _NO_BODY:
-        return _Framing("empty", keep_alive=keep_alive)
-    coding = [v.strip().lower() for n, v in headers if n.lower() == b"transfer-encoding"]
-    if coding:
-        if not coding[-1].endswith(b"chunked"):
-            return _Framing("close", keep_alive=False)
-        return _Framing("chunked", keep_alive=keep_alive)
-    lengths = {v for n, v in headers if n.lower() == b"content-length"}
-    if lengths:
-        if len(lengths) > 1 or not next(iter(lengths)).isdigit():
-            raise httpx.RemoteProtocolError("invalid or conflicting Content-Length")
-        return _Framing("length", int(next(iter(lengths))), keep_alive)
-    return _Framing("close", keep_alive=False)
-
-
 class _Body(httpx.AsyncByteStream):
     """The response body as the framing says; read to its end, the connection goes back to
     the pool, closed early (or broken), the connection is closed."""
 
-    def __init__(self, transport: GuardedTransport, conn: _Connection, framing: _Framing) -> None:
+    def __init__(self, transport: GuardedTransport, conn: _Connection, framing: Framing) -> None:
         self._transport = transport
         self._conn: _Connection | None = conn
-        self._framing = framing
-        self._complete = framing.kind == "empty"
+        self._reader = BodyReader(framing, HEAD_LIMIT)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         assert self._conn is not None  # noqa: S101 - read once
-        reader = self._conn.reader
-        framing = self._framing
-        try:
-            if framing.kind == "length":
-                left = framing.length
-                while left:
-                    chunk = await reader.read(min(left, READ_SIZE))
-                    if not chunk:
-                        raise httpx.RemoteProtocolError(
-                            f"the server closed the connection {left} bytes before the end "
-                            "of the body")
-                    left -= len(chunk)
-                    yield chunk
-            elif framing.kind == "chunked":
-                async for chunk in _chunks(reader):
-                    yield chunk
-            elif framing.kind == "close":
-                while chunk := await reader.read(READ_SIZE):
-                    yield chunk
-        except (OSError, asyncio.IncompleteReadError) as exc:
-            raise httpx.ReadError(describe(exc)) from exc
-        except asyncio.LimitOverrunError:
-            raise httpx.RemoteProtocolError("a chunk-size line is too long") from None
-        self._complete = True
+        stream = self._conn.stream
+        reader = self._reader
+        while not reader.done:
+            piece = reader.next(stream.buffer)
+            if piece:
+                yield piece
+            elif piece is None:
+                try:
+                    more = await stream.receive()
+                except OSError as exc:
+                    raise httpx.ReadError(describe(exc)) from exc
+                if not more:
+                    reader.eof()
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if self._complete and self._framing.keep_alive:
+        if self._reader.done and self._reader.framing.keep_alive:
             self._transport.release(conn)
         else:
             self._transport.drop(conn)
 
 
-async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
-    while True:
-        line = await reader.readuntil(b"\r\n")
-        size_text = line.split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise httpx.RemoteProtocolError(f"bad chunk size {size_text[:20]!r}") from None
-        if size < 0:
-            raise httpx.RemoteProtocolError(f"bad chunk size {size_text[:20]!r}")
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":
-                pass  # trailers: read and ignored
-            return
-        while size:
-            piece = await reader.readexactly(min(size, READ_SIZE))
-            size -= len(piece)
-            yield piece
-        if await reader.readexactly(2) != b"\r\n":
-            raise httpx.RemoteProtocolError("a chunk does not end with CRLF")
-
-
 def describe(exc: BaseException) -> str:
     """An exception as one line: its type, and its message when it has one."""
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def transport_for(settings: WebhookSettings, resolver: Resolver | None = None) -> GuardedTransport:
-    """The transport :class:`~notifyq._webhooks.client.WebhookClient` builds from
-    ``WebhookSettings``."""
-    return GuardedTransport(Guard(settings.allowed_networks), resolver,
-                            max_connections=settings.max_connections,
-                            connect_timeout_s=settings.connect_timeout_s)

@@ -4,7 +4,6 @@ DNS; nothing leaves this machine)."""
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 
 import anyio
@@ -15,7 +14,7 @@ from notifyq._errors import BlockedAddress, InvalidEndpoint
 from notifyq._settings import WebhookSettings
 from notifyq._webhooks.endpoints import check_headers, check_url
 from notifyq._webhooks.ssrf import Guard, Resolver, literal_address
-from notifyq._webhooks.transport import GuardedTransport
+from notifyq._webhooks.transport import GuardedTransport, Stream
 
 BLOCKED = [
     "0.0.0.0",  # noqa: S104 - a table of refused addresses
@@ -25,13 +24,14 @@ BLOCKED = [
     "255.255.255.255",
     "::", "::1", "fc00::1", "fd12:3456::1", "fe80::1", "fec0::1", "ff02::1", "2001:db8::1",
     "100::1", "2001::1", "64:ff9b:1::1",
-    # IPv4 inside IPv6: mapped, compatible, NAT64, 6to4
+    # IPv4 inside IPv6: mapped, translated (SIIT), compatible, NAT64, 6to4
+    "::ffff:0:7f00:1", "::ffff:0:a9fe:a9fe", "::ffff:0:a00:1",
     "::ffff:127.0.0.1", "::ffff:7f00:1", "::ffff:169.254.169.254", "::ffff:10.0.0.1",
     "::127.0.0.1", "64:ff9b::7f00:1", "64:ff9b::a9fe:a9fe", "2002:7f00:1::1",
     "2002:c0a8:101::1",
 ]
 PUBLIC = ["8.8.8.8", "1.1.1.1", "93.184.216.34", "2606:4700:4700::1111",
-          "::ffff:8.8.8.8", "2002:808:808::1"]
+          "::ffff:8.8.8.8", "2002:808:808::1", "::ffff:0:808:808", "64:ff9b::808:808"]
 
 
 @pytest.mark.parametrize("address", BLOCKED)
@@ -50,6 +50,17 @@ def test_the_allowlist_opens_exactly_the_ranges_it_names_mapped_forms_included()
         assert guard.judge(ipaddress.ip_address(allowed)) is None
     for still_blocked in ("10.0.0.1", "169.254.169.254", "fe80::1"):
         assert guard.judge(ipaddress.ip_address(still_blocked)) is not None
+
+
+@pytest.mark.parametrize("wrapper", ["64:ff9b::/96", "::ffff:0:0:0/96", "::ffff:0:0/96",
+                                     "2002::/16", "::/0"])
+def test_allowing_a_wrapper_network_does_not_allow_the_ipv4_address_inside(wrapper: str) -> None:
+    guard = Guard([wrapper])
+    for inside in ("64:ff9b::a9fe:a9fe", "::ffff:0:a9fe:a9fe", "::ffff:169.254.169.254",
+                   "2002:a9fe:a9fe::1"):
+        address = ipaddress.ip_address(inside)
+        assert guard.judge(address) == (
+            f"{address} (IPv4 169.254.169.254) is link-local (cloud metadata)")
 
 
 @pytest.mark.parametrize(("host", "expected"), [
@@ -125,14 +136,13 @@ def test_custom_header_values_cannot_inject_lines() -> None:
 
 
 class _Recording:
-    """Stands in for ``asyncio.open_connection``: records every connect it is asked for and
+    """Stands in for the transport's opener: records every connect it is asked for and
     refuses it (nothing is ever opened)."""
 
     def __init__(self) -> None:
         self.connects: list[tuple[str, int]] = []
 
-    async def __call__(self, host: str, port: int,
-                       **_: object) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def __call__(self, host: str, port: int, **_: object) -> Stream:
         self.connects.append((host, port))
         raise ConnectionRefusedError("recorded, not connected")
 
