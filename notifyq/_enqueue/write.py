@@ -3,16 +3,29 @@
 A request is first given its handler's defaults and policy keys (when this process registered
 the handler), then validated, then written by one statement:
 
-- a run without dedupe or concurrency keys is a plain INSERT (``job_run_insert_many`` with one
-  row): ~25 us of server time against ~200 us for the plpgsql ``_enqueue``;
+- a run without dedupe or concurrency keys is a plain INSERT (``job_run_insert_one``): ~230 us
+  of server CPU on the 2-core VM, against ~300 us for the jsonb-array INSERT it replaced and
+  more for the plpgsql ``_enqueue``;
 - a run with keys goes through ``_enqueue``, whose advisory locks decide the keys race-free
   (the same function ``SELECT notifyq.enqueue(...)`` calls from any language);
 - a batch is one ``job_run_insert_bulk`` for its plain rows (see :mod:`.bulk`), with its keyed
   rows through ``_enqueue`` in their places, all in one transaction.
 
-Outside a caller's transaction the wake-up NOTIFY rides in the insert's own statement when this
-enqueue is the only one in flight, and is folded with the others' by :class:`.WakeSender`
-otherwise.
+The wake-up NOTIFY always rides in the write's own statement (for a batch with keyed runs, in
+its transaction), so PostgreSQL delivers it with the commit and never before, and outside a
+caller's transaction a single enqueue is one statement: one round trip, no BEGIN/COMMIT, no
+second connection. A batch outside one is BEGIN, its statements, COMMIT on one connection.
+
+Until 2026-12-01 concurrent enqueuers sent their NOTIFY after their commit, folded into one per
+round trip by a ``WakeSender``, because each notifying commit holds PostgreSQL's database-wide
+notify lock through its WAL flush, so notifying commits do not group-commit. Measured again
+(8 concurrent ``App.enqueue`` callers, 10 interleaved rounds of 800, load 2.5, CPU of this
+process and of the database's backends per enqueue): folded 1,411/s, 540 + 494 us; NOTIFY in
+the insert's statement 1,680/s, 487 + 481 us. On this machine a WAL flush is ~0.1-0.2 ms (8
+connections doing INSERT + NOTIFY per transaction: ~6.3k/s, plain INSERTs ~7.3k/s), so the
+lock is not what limits 8 callers; the extra round trip and checkout per folded NOTIFY were.
+On storage whose flush takes ~1 ms, notifying commits cap near 1k/s database-wide: use
+``enqueue_many`` there (one commit and one NOTIFY per batch).
 """
 
 from __future__ import annotations
@@ -22,18 +35,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from notifyq._enqueue.bulk import Batch
 from notifyq._enqueue.refusals import translated_errors
 from notifyq._enqueue.request import EnqueueRequest, Prepared, coerce_requests, prepare
-from notifyq._enqueue.wake import WakeSender
 from notifyq._errors import PayloadTooLarge
 from notifyq._limits import MAX_INPUT_BYTES
 from notifyq._notifier import wake_payload
 from notifyq._policies import key_for
 from notifyq._registry import HandlerSpec, Registry
-from notifyq._run import Run
+from notifyq._run import Run, RunStatus
 from notifyq._runtime import Runtime
 from notifyq._tracing import Sending, sending
 
@@ -48,28 +60,20 @@ class Enqueuer:
         self._rt = runtime
         self._q = runtime.queries
         self._registry = registry
-        self._waker: WakeSender | None = None
 
     async def enqueue(self, request: EnqueueRequest, *, conn: AnyConn | None = None,
                       allow_unknown_type: bool | None = None) -> tuple[Run, bool]:
         """One run, and whether it was created (False: a dedupe key matched an existing run,
         which is returned). With ``conn``, in that connection's transaction; workers are woken
-        when it commits."""
+        when it commits. Without, one statement on a pooled connection (its own commit)."""
         prepared = self.prepare(request)
         accept = self.accepts(request.job_type, allow_unknown_type)
         with sending(request.job_type) as send:
             if conn is not None:
-                run = await self._write_one(conn, prepared, notify=True, accept=accept,
-                                            send=send)
-                return run, run.id == prepared.id
-            pool = await self._rt.pool()
-            waker = self._waker_of(pool)
-            with waker.enqueueing() as inline:
-                async with pool.connection() as own:
-                    run = await self._write_one(own, prepared, notify=inline, accept=accept,
-                                                send=send)
-            if not inline:
-                await waker.wake({run.pool})
+                run = await self._write_one(conn, prepared, accept=accept, send=send)
+            else:
+                async with (await self._rt.pool()).connection() as own:
+                    run = await self._write_one(own, prepared, accept=accept, send=send)
         return run, run.id == prepared.id
 
     def enqueue_sync(self, request: EnqueueRequest, *, conn: psycopg.Connection[Any] | None = None,
@@ -110,16 +114,11 @@ class Enqueuer:
         with sending(None, len(batch)) as send:
             if conn is not None:
                 async with conn.transaction():
-                    runs = await self._write_batch(conn, batch, allow_unknown_type, send)
-                    await conn.execute(self._q.job_run_notify, {
-                        "channel": self._q.schema,
-                        "payloads": [wake_payload(p) for p in {r.pool for r in runs}]})
-                return runs
-            pool = await self._rt.pool()
-            async with pool.connection() as own, own.transaction():
-                runs = await self._write_batch(own, batch, allow_unknown_type, send)
-            await self._waker_of(pool).wake({r.pool for r in runs})
-        return runs
+                    return await self._write_batch(conn, batch, allow_unknown_type, send)
+            # A transaction even for one statement: a row the insert leaves out (too large as
+            # the database prints it) must take the whole batch back with it.
+            async with (await self._rt.pool()).connection() as own, own.transaction():
+                return await self._write_batch(own, batch, allow_unknown_type, send)
 
     def accepts(self, job_type: str, allow_unknown_type: bool | None) -> bool:
         """Whether ``job_type`` is enqueued even if no worker has registered it: the caller
@@ -135,11 +134,6 @@ class Enqueuer:
         if spec is not None:
             request = with_handler_defaults(request, spec)
         return prepare(request, self._rt.settings.max_input_bytes)
-
-    def _waker_of(self, pool: Any) -> WakeSender:
-        if self._waker is None:
-            self._waker = WakeSender(pool, self._q)
-        return self._waker
 
     def _batch(self, requests: list[EnqueueRequest]) -> Batch:
         """Validate every request (the first bad one raises), as :meth:`prepare` would, but
@@ -160,30 +154,27 @@ class Enqueuer:
                     else request.max_attempts))
         return batch
 
-    async def _write_one(self, conn: AnyConn, prepared: Prepared, *, notify: bool,
-                         accept: bool, send: Sending | None) -> Run:
-        run = await self._write_one_traced(conn, prepared, notify=notify, accept=accept,
+    async def _write_one(self, conn: AnyConn, prepared: Prepared, *, accept: bool,
+                         send: Sending | None) -> Run:
+        run = await self._write_one_traced(conn, prepared, accept=accept,
                                            trace_context=_trace_context_of(send))
         if send is not None:
             send.sent([(run.id, run.job_type, run.pool)])
         return run
 
-    async def _write_one_traced(self, conn: AnyConn, prepared: Prepared, *, notify: bool,
-                                accept: bool, trace_context: str | None) -> Run:
+    async def _write_one_traced(self, conn: AnyConn, prepared: Prepared, *, accept: bool,
+                                trace_context: str | None) -> Run:
         if prepared.request.needs_locks:
-            return await self._write_keyed(conn, prepared, notify=notify, accept=accept,
+            return await self._write_keyed(conn, prepared, notify=True, accept=accept,
                                            trace_context=trace_context)
         with translated_errors():
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(self._q.job_run_insert_many, {
-                    "rows": f"[{prepared.record(trace_context)}]", "notify": notify,
-                    "channel": self._q.schema,
-                    "accept_types": [prepared.request.job_type] if accept else None})
+            async with conn.cursor(row_factory=tuple_row) as cur:
+                await cur.execute(self._q.job_run_insert_one, prepared.insert_params(
+                    accept=accept, trace_context=trace_context, channel=self._q.schema))
                 row = await cur.fetchone()
         if row is None:  # the insert left it out: too large as the database prints it
             raise (await self._too_large(conn, [prepared.input_json]))
-        row["input"] = prepared.request.input
-        return Run.from_row(row)
+        return _inserted(prepared, row)
 
     async def _write_keyed(self, conn: AnyConn, prepared: Prepared, *, notify: bool,
                            accept: bool, trace_context: str | None = None) -> Run:
@@ -208,8 +199,14 @@ class Enqueuer:
 
     async def _write_batch(self, conn: AnyConn, batch: Batch, allow_unknown_type: bool | None,
                            send: Sending | None = None) -> list[Run]:
+        """The batch, and its wake-ups: one per pool, delivered when ``conn``'s transaction
+        (or, for a batch of plain runs outside one, its one statement) commits."""
         runs = await self._write_batch_traced(conn, batch, allow_unknown_type,
                                               _trace_context_of(send))
+        if batch.keyed:  # the plain runs' pools were woken by their statement
+            await conn.execute(self._q.job_run_notify, {
+                "channel": self._q.schema,
+                "payloads": [wake_payload(p) for p in {r.pool for r in runs}]})
         if send is not None:
             send.sent([(r.id, r.job_type, r.pool) for r in runs])
         return runs
@@ -222,6 +219,8 @@ class Enqueuer:
             ids, params = batch.params(trace_context)
             params["accept_types"] = [t for t in params["types"]
                                       if self.accepts(t, allow_unknown_type)] or None
+            params["notify"] = not batch.keyed
+            params["channel"] = self._q.schema
             with translated_errors():
                 async with conn.cursor(row_factory=dict_row) as cur:
                     await cur.execute(self._q.job_run_insert_bulk, params)
@@ -288,6 +287,19 @@ def _enqueued(row: dict[str, Any] | None) -> Run:
     if row is None:  # pragma: no cover - _enqueue always returns a row
         raise RuntimeError("enqueue returned no row")
     return Run.from_row(row)
+
+
+def _inserted(prepared: Prepared, row: tuple[Any, ...]) -> Run:
+    """The run ``job_run_insert_one`` wrote: what the caller sent, with what the statement
+    applied (``pool, priority, max_attempts, timeout_s, created_at``)."""
+    pool, priority, max_attempts, timeout_s, created_at, _ = row
+    r = prepared.request
+    return Run(id=prepared.id, job_type=r.job_type, status=RunStatus.PENDING, input=r.input,
+               pool=pool, priority=priority,
+               run_at=created_at if r.run_at is None else r.run_at.astimezone(created_at.tzinfo),
+               attempts=0, max_attempts=max_attempts, created_at=created_at,
+               tags=[] if r.tags is None else list(r.tags), timeout_s=timeout_s,
+               trigger_source="manual")
 
 
 def _trace_context_of(send: Sending | None) -> str | None:

@@ -153,7 +153,7 @@ def test_the_send_webhook_function_states_the_webhook_limits(db: Conn) -> None:
 
 
 def test_the_named_queries_state_the_python_limits(q: Queries) -> None:
-    for bulk in (q.job_run_insert_many, q.job_run_insert_bulk):
+    for bulk in (q.job_run_insert_one, q.job_run_insert_bulk):
         assert re.findall(r"octet_length\(r\.input::text\) <= (\d+)", bulk) == [
             str(MAX_INPUT_BYTES)]
     applied = " ".join(q.job_run_apply_definitions.split())
