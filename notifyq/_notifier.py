@@ -10,8 +10,7 @@ never loses it.
 and re-LISTENing; after every (re)connect it tells its subscribers, which then look at the table
 since they may have missed notifications meanwhile.
 
-Enqueuers send ``j:<pool>`` in the statement (or transaction) that writes the runs, so it is
-delivered with their commit (see :mod:`notifyq._enqueue.write`).
+Enqueuers send ``j:<pool>`` through :class:`~notifyq._enqueue.wake.WakeSender`.
 """
 
 from __future__ import annotations

@@ -11,21 +11,22 @@ the handler), then validated, then written by one statement:
 - a batch is one ``job_run_insert_bulk`` for its plain rows (see :mod:`.bulk`), with its keyed
   rows through ``_enqueue`` in their places, all in one transaction.
 
-The wake-up NOTIFY always rides in the write's own statement (for a batch with keyed runs, in
-its transaction), so PostgreSQL delivers it with the commit and never before, and outside a
-caller's transaction a single enqueue is one statement: one round trip, no BEGIN/COMMIT, no
-second connection. A batch outside one is BEGIN, its statements, COMMIT on one connection.
+Outside a caller's transaction the wake-up NOTIFY rides in the write's own statement when this
+enqueue (or batch) is the only one of this process in flight: one round trip, one commit, the
+NOTIFY delivered with it. Concurrent ones send theirs after their commit, folded into one per
+round trip by :class:`.WakeSender`: each commit that notifies holds PostgreSQL's database-wide
+notify lock through its WAL flush, so notifying commits cannot share flushes, and on a busy
+machine the lock's holders queue behind one another. 8 concurrent ``App.enqueue`` callers,
+the three ways interleaved in one process (rounds of 800, CPU of this process and of the
+database's backends per enqueue):
 
-Until 2026-12-01 concurrent enqueuers sent their NOTIFY after their commit, folded into one per
-round trip by a ``WakeSender``, because each notifying commit holds PostgreSQL's database-wide
-notify lock through its WAL flush, so notifying commits do not group-commit. Measured again
-(8 concurrent ``App.enqueue`` callers, 10 interleaved rounds of 800, load 2.5, CPU of this
-process and of the database's backends per enqueue): folded 1,411/s, 540 + 494 us; NOTIFY in
-the insert's statement 1,680/s, 487 + 481 us. On this machine a WAL flush is ~0.1-0.2 ms (8
-connections doing INSERT + NOTIFY per transaction: ~6.3k/s, plain INSERTs ~7.3k/s), so the
-lock is not what limits 8 callers; the extra round trip and checkout per folded NOTIFY were.
-On storage whose flush takes ~1 ms, notifying commits cap near 1k/s database-wide: use
-``enqueue_many`` there (one commit and one NOTIFY per batch).
+    load 2.5:  folded 1,411/s (540 + 494 us)   NOTIFY in every insert 1,680/s (487 + 481 us)
+    load 7:    folded   480/s (674 + 613 us)   NOTIFY in every insert   248/s (842 + 750 us)
+               folded, the NOTIFY committed with synchronous_commit off: 449/s (no better)
+
+Folding costs ~15 % on a quiet machine and saves ~2x on a loaded one (the issue asked for one
+round trip per enqueue; the lone caller has it, concurrent ones pay ~0.3 NOTIFY round trips
+each instead).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from psycopg.rows import dict_row, tuple_row
 from notifyq._enqueue.bulk import Batch
 from notifyq._enqueue.refusals import translated_errors
 from notifyq._enqueue.request import EnqueueRequest, Prepared, coerce_requests, prepare
+from notifyq._enqueue.wake import WakeSender
 from notifyq._errors import PayloadTooLarge
 from notifyq._limits import MAX_INPUT_BYTES
 from notifyq._notifier import wake_payload
@@ -60,20 +62,29 @@ class Enqueuer:
         self._rt = runtime
         self._q = runtime.queries
         self._registry = registry
+        self._waker: WakeSender | None = None
 
     async def enqueue(self, request: EnqueueRequest, *, conn: AnyConn | None = None,
                       allow_unknown_type: bool | None = None) -> tuple[Run, bool]:
         """One run, and whether it was created (False: a dedupe key matched an existing run,
         which is returned). With ``conn``, in that connection's transaction; workers are woken
-        when it commits. Without, one statement on a pooled connection (its own commit)."""
+        when it commits. Without, one statement on a pooled connection (its own commit), and
+        its wake-up in it unless other enqueues are in flight (see the module docstring)."""
         prepared = self.prepare(request)
         accept = self.accepts(request.job_type, allow_unknown_type)
         with sending(request.job_type) as send:
             if conn is not None:
-                run = await self._write_one(conn, prepared, accept=accept, send=send)
-            else:
-                async with (await self._rt.pool()).connection() as own:
-                    run = await self._write_one(own, prepared, accept=accept, send=send)
+                run = await self._write_one(conn, prepared, notify=True, accept=accept,
+                                            send=send)
+                return run, run.id == prepared.id
+            pool = await self._rt.pool()
+            waker = self._waker_of(pool)
+            with waker.enqueueing() as inline:
+                async with pool.connection() as own:
+                    run = await self._write_one(own, prepared, notify=inline, accept=accept,
+                                                send=send)
+            if not inline:
+                await waker.wake({run.pool})
         return run, run.id == prepared.id
 
     def enqueue_sync(self, request: EnqueueRequest, *, conn: psycopg.Connection[Any] | None = None,
@@ -114,11 +125,19 @@ class Enqueuer:
         with sending(None, len(batch)) as send:
             if conn is not None:
                 async with conn.transaction():
-                    return await self._write_batch(conn, batch, allow_unknown_type, send)
+                    return await self._write_batch(conn, batch, allow_unknown_type, send,
+                                                   notify=True)
+            pool = await self._rt.pool()
+            waker = self._waker_of(pool)
             # A transaction even for one statement: a row the insert leaves out (too large as
             # the database prints it) must take the whole batch back with it.
-            async with (await self._rt.pool()).connection() as own, own.transaction():
-                return await self._write_batch(own, batch, allow_unknown_type, send)
+            with waker.enqueueing() as inline:
+                async with pool.connection() as own, own.transaction():
+                    runs = await self._write_batch(own, batch, allow_unknown_type, send,
+                                                   notify=inline)
+            if not inline:
+                await waker.wake({r.pool for r in runs})
+        return runs
 
     def accepts(self, job_type: str, allow_unknown_type: bool | None) -> bool:
         """Whether ``job_type`` is enqueued even if no worker has registered it: the caller
@@ -134,6 +153,11 @@ class Enqueuer:
         if spec is not None:
             request = with_handler_defaults(request, spec)
         return prepare(request, self._rt.settings.max_input_bytes)
+
+    def _waker_of(self, pool: Any) -> WakeSender:
+        if self._waker is None:
+            self._waker = WakeSender(pool, self._q)
+        return self._waker
 
     def _batch(self, requests: list[EnqueueRequest]) -> Batch:
         """Validate every request (the first bad one raises), as :meth:`prepare` would, but
@@ -154,23 +178,24 @@ class Enqueuer:
                     else request.max_attempts))
         return batch
 
-    async def _write_one(self, conn: AnyConn, prepared: Prepared, *, accept: bool,
-                         send: Sending | None) -> Run:
-        run = await self._write_one_traced(conn, prepared, accept=accept,
+    async def _write_one(self, conn: AnyConn, prepared: Prepared, *, notify: bool,
+                         accept: bool, send: Sending | None) -> Run:
+        run = await self._write_one_traced(conn, prepared, notify=notify, accept=accept,
                                            trace_context=_trace_context_of(send))
         if send is not None:
             send.sent([(run.id, run.job_type, run.pool)])
         return run
 
-    async def _write_one_traced(self, conn: AnyConn, prepared: Prepared, *, accept: bool,
-                                trace_context: str | None) -> Run:
+    async def _write_one_traced(self, conn: AnyConn, prepared: Prepared, *, notify: bool,
+                                accept: bool, trace_context: str | None) -> Run:
         if prepared.request.needs_locks:
-            return await self._write_keyed(conn, prepared, notify=True, accept=accept,
+            return await self._write_keyed(conn, prepared, notify=notify, accept=accept,
                                            trace_context=trace_context)
         with translated_errors():
             async with conn.cursor(row_factory=tuple_row) as cur:
                 await cur.execute(self._q.job_run_insert_one, prepared.insert_params(
-                    accept=accept, trace_context=trace_context, channel=self._q.schema))
+                    accept=accept, trace_context=trace_context, notify=notify,
+                    channel=self._q.schema))
                 row = await cur.fetchone()
         if row is None:  # the insert left it out: too large as the database prints it
             raise (await self._too_large(conn, [prepared.input_json]))
@@ -198,12 +223,12 @@ class Enqueuer:
                 return _enqueued(await cur.fetchone())
 
     async def _write_batch(self, conn: AnyConn, batch: Batch, allow_unknown_type: bool | None,
-                           send: Sending | None = None) -> list[Run]:
-        """The batch, and its wake-ups: one per pool, delivered when ``conn``'s transaction
-        (or, for a batch of plain runs outside one, its one statement) commits."""
+                           send: Sending | None = None, *, notify: bool) -> list[Run]:
+        """The batch and, with ``notify``, its wake-ups: one per pool, delivered when
+        ``conn``'s transaction commits."""
         runs = await self._write_batch_traced(conn, batch, allow_unknown_type,
-                                              _trace_context_of(send))
-        if batch.keyed:  # the plain runs' pools were woken by their statement
+                                              _trace_context_of(send), notify=notify)
+        if notify and batch.keyed:  # otherwise the bulk statement woke them
             await conn.execute(self._q.job_run_notify, {
                 "channel": self._q.schema,
                 "payloads": [wake_payload(p) for p in {r.pool for r in runs}]})
@@ -213,13 +238,13 @@ class Enqueuer:
 
     async def _write_batch_traced(self, conn: AnyConn, batch: Batch,
                                   allow_unknown_type: bool | None,
-                                  trace_context: str | None) -> list[Run]:
+                                  trace_context: str | None, *, notify: bool) -> list[Run]:
         plain: list[Run] = []
         if batch.requests:
             ids, params = batch.params(trace_context)
             params["accept_types"] = [t for t in params["types"]
                                       if self.accepts(t, allow_unknown_type)] or None
-            params["notify"] = not batch.keyed
+            params["notify"] = notify and not batch.keyed
             params["channel"] = self._q.schema
             with translated_errors():
                 async with conn.cursor(row_factory=dict_row) as cur:
