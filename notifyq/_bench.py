@@ -6,11 +6,15 @@ drop a real database), migrates it, measures, prints a table (or JSON) and drops
 
 Sections (``--only`` picks some):
 
-- ``enqueue``: ``App.enqueue`` with 1 and 8 concurrent enqueuers, and in the same run the two
-  PostgreSQL baselines the wake-up design is judged by: 8 connections doing plain single-row
-  INSERTs, and 8 doing INSERT + NOTIFY per transaction (every such commit takes PostgreSQL's
-  database-wide notify lock).
-- ``bulk``: ``App.enqueue_many`` in batches of 1,000.
+- ``enqueue``: ``App.enqueue`` (outside any transaction of the caller) with 1 and 8 concurrent
+  enqueuers, with the CPU per enqueue of this process and of the database's backends, and in
+  the same run the two PostgreSQL baselines the wake-up design is judged by: 8 connections
+  doing plain single-row INSERTs, and 8 doing INSERT + NOTIFY per transaction (every such
+  commit takes PostgreSQL's database-wide notify lock).
+- ``bulk``: ``App.enqueue_many`` in batches of 1,000, with the CPU per run.
+
+The report's meta carries the load average at the start and the end: on a shared machine a
+rate means little without it.
 - ``drain``: pre-enqueued no-op runs drained by one in-process burst worker, at concurrency 10
   and at the best of a few higher settings; afterwards SQL must show every run completed with
   ``attempts = 1`` (exactly once), or the bench fails.
@@ -161,6 +165,7 @@ async def _run(admin: str, database: str, sizes: Sizes, sections: list[str],
                                       "sizes": asdict(sizes)}
             for name in sections:
                 report[name] = await getattr(bench, name)()
+            report["meta"]["load_average_end"] = _load_average()
         return report
     finally:
         if not keep:
@@ -182,6 +187,12 @@ def _drop(admin: str, database: str) -> None:
 
 def _median(values: list[float]) -> float:
     return round(statistics.median(values), 1)
+
+
+def _load_average() -> list[float]:
+    """1, 5 and 15 minute load averages (the machine's, not only this bench's): with other
+    work on the machine the rates mean little, so every report carries them."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 class Bench:
@@ -223,7 +234,8 @@ class Bench:
             row = await (await conn.execute("SHOW server_version")).fetchone()
         return {"notifyq": VERSION, "postgresql": row["server_version"] if row else "?",
                 "python": platform.python_version(), "cpus": os.cpu_count(),
-                "platform": platform.platform(terse=True), "database": database}
+                "platform": platform.platform(terse=True), "database": database,
+                "load_average_start": _load_average()}
 
     async def reset(self) -> None:
         async with (await self.app.pool()).connection() as conn:
@@ -239,6 +251,25 @@ class Bench:
             await self.reset()
             results.append(await measure())
         return _median(results)
+
+    async def _repeat_cpu(self, measure: Callable[[], Awaitable[float]]
+                          ) -> tuple[float, dict[str, float | None]]:
+        """:meth:`_repeat`, and the medians of the CPU per job that :meth:`_timed` recorded
+        (None: too little server CPU for /proc's clock ticks, or the server is not local)."""
+        self._cpu_samples: list[tuple[float, float]] = []
+        rate = await self._repeat(measure)
+        server = _median([s[1] for s in self._cpu_samples])
+        return rate, {"python_us": _median([s[0] for s in self._cpu_samples]),
+                      "server_us": server or None}
+
+    async def _timed(self, n: int, go: Callable[[], Awaitable[Any]]) -> float:
+        """``_rate(n, go)``, recording this process's and the database's backends' CPU per job
+        (warm-ups stay outside it)."""
+        python_s, server_s = time.process_time(), await self._server_cpu_s()
+        rate = await _rate(n, go)
+        python_s, server_s = time.process_time() - python_s, await self._server_cpu_s() - server_s
+        self._cpu_samples.append((python_s / n * 1e6, server_s / n * 1e6))
+        return rate
 
     # -- (6) durable runs: the cost of a memoized step, and of skipping busy concurrency keys --
 
@@ -285,10 +316,13 @@ class Bench:
 
     async def enqueue(self) -> dict[str, Any]:
         n = self.sizes.enqueue_n
+        one, one_cpu = await self._repeat_cpu(lambda: self._enqueue_rate(n, 1))
+        eight, eight_cpu = await self._repeat_cpu(lambda: self._enqueue_rate(n, 8))
         return {
             "n": n,
-            "notifyq_1": await self._repeat(lambda: self._enqueue_rate(n, 1)),
-            "notifyq_8": await self._repeat(lambda: self._enqueue_rate(n, 8)),
+            "notifyq_1": one,
+            "notifyq_8": eight,
+            "cpu_us_per_enqueue": {"notifyq_1": one_cpu, "notifyq_8": eight_cpu},
             "plain_insert_8": await self._repeat(lambda: self._baseline_rate(
                 n, 8, _BASELINE_INSERT)),
             "insert_notify_8": await self._repeat(lambda: self._baseline_rate(
@@ -296,12 +330,15 @@ class Bench:
         }
 
     async def _enqueue_rate(self, n: int, concurrency: int) -> float:
+        """``n`` sequential ``await app.enqueue(...)`` calls split over ``concurrency`` tasks,
+        each outside any transaction of the caller (the issue's "single enqueue")."""
         async def enqueuer(count: int) -> None:
             for i in range(count):
                 await self.app.enqueue(JOB_TYPE, {"i": i})
 
         await _concurrently(enqueuer, concurrency, max(20, n // 20))  # warm-up
-        return await _rate(n, lambda: _concurrently(enqueuer, concurrency, n // concurrency))
+        return await self._timed(n, lambda: _concurrently(enqueuer, concurrency,
+                                                          n // concurrency))
 
     async def _baseline_rate(self, n: int, concurrency: int, statement: LiteralString) -> float:
         conns = [await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
@@ -336,9 +373,10 @@ class Bench:
             async def go() -> None:
                 for batch in batches:
                     await self.app.enqueue_many(batch)
-            return await _rate(n, go)
+            return await self._timed(n, go)
 
-        return {"n": n, "batch": size, "jobs_per_s": await self._repeat(measure)}
+        rate, cpu = await self._repeat_cpu(measure)
+        return {"n": n, "batch": size, "jobs_per_s": rate, "cpu_us_per_run": cpu}
 
     # -- (3) drain -------------------------------------------------------------------------
 
@@ -560,13 +598,19 @@ def render(report: dict[str, Any]) -> str:
     s = report["sizes"]
     lines = [f"notifyq bench: notifyq {m['notifyq']}, PostgreSQL {m['postgresql']}, Python "
              f"{m['python']}, {m['cpus']} CPUs ({m['platform']}); medians of {s['repeats']} "
-             "where repeated, warm-up excluded", ""]
+             "where repeated, warm-up excluded",
+             "load average (1/5/15 min) at the start " + _load_text(m.get("load_average_start"))
+             + ", at the end " + _load_text(m.get("load_average_end")), ""]
     rows: list[tuple[str, str, str]] = []
     if "enqueue" in report:
         e = report["enqueue"]
         rows += [
             ("enqueue", f"App.enqueue, 1 enqueuer (N={e['n']})", _rate_text(e["notifyq_1"])),
+            ("", "  CPU per enqueue: Python / PostgreSQL backends",
+             _cpu_text(e["cpu_us_per_enqueue"]["notifyq_1"])),
             ("", "App.enqueue, 8 enqueuers", _rate_text(e["notifyq_8"])),
+            ("", "  CPU per enqueue: Python / PostgreSQL backends",
+             _cpu_text(e["cpu_us_per_enqueue"]["notifyq_8"])),
             ("", "baseline: plain INSERT, 8 connections", _rate_text(e["plain_insert_8"])),
             ("", "baseline: INSERT+NOTIFY per tx, 8 conns",
              _rate_text(e["insert_notify_8"])),
@@ -575,6 +619,8 @@ def render(report: dict[str, Any]) -> str:
         b = report["bulk"]
         rows.append(("bulk", f"enqueue_many, batches of {b['batch']} (N={b['n']})",
                      _rate_text(b["jobs_per_s"])))
+        rows.append(("", "  CPU per run: Python / PostgreSQL backends",
+                     _cpu_text(b["cpu_us_per_run"])))
     if "drain" in report:
         d = report["drain"]
         base = s["drain_base"]
@@ -628,6 +674,15 @@ def render(report: dict[str, Any]) -> str:
 
 def _rate_text(jobs_per_s: float) -> str:
     return f"{jobs_per_s:,.0f} jobs/s"
+
+
+def _cpu_text(cpu: dict[str, float | None]) -> str:
+    server = cpu["server_us"]
+    return f"{cpu['python_us']:,.1f} / {'?' if server is None else f'{server:,.1f}'} us"
+
+
+def _load_text(load: list[float] | None) -> str:
+    return "?" if not load else " / ".join(f"{x:.2f}" for x in load)
 
 
 if __name__ == "__main__":  # pragma: no cover

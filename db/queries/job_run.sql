@@ -14,24 +14,22 @@ SELECT * FROM {schema}._enqueue(
     p_tenant_id => %(tenant_id)s, p_allow_unknown_type => %(allow_unknown_type)s,
     p_dedupe_states => %(dedupe_states)s)
 
--- name: job_run_insert_many
--- Bulk enqueue: the whole batch travels as one jsonb array (one json.dumps in Python, one parse
--- here), and the stored job definitions fill in the defaults exactly as _enqueue does.
--- The input is not sent back (the caller has it): returning every column cost 7 of 23 ms per
--- 1,000 rows. Single Python enqueues use it too (one row): a plain INSERT costs the server
--- ~25 us against ~200 us for the plpgsql _enqueue, which only dedupe/concurrency keys need.
--- App.enqueue_many uses job_run_insert_bulk, the same INSERT that returns no rows.
--- Unknown job types (migration 0007): the CASE that fills `defaulted` refuses a type without a
--- definition, unless the caller accepts it or no worker has registered any type yet. What it
--- costs a registered type (backend CPU from /proc per prepared one-row statement in a
--- rolled-back transaction, 10 interleaved rounds of 20,000, against the same statement with
--- the CASE replaced by NULL; this 2-core VM's slow syscalls make the absolute figure ~131 us):
--- +1 us median, inside the +-5 us between rounds (and 0006's statement on 0006: 131 us).
--- The first version refused in the WHERE clause with `OR NOT EXISTS (SELECT FROM job)`: that
--- InitPlan is set up at every execution, used or not, +6 us; the check now calls a function
--- only for a type without a definition. In bulk (job_run_insert_bulk, batches of 1,000): +0 us
--- a row for a registered type, +0.6 us a row before any worker has registered one (the App's
--- own type, accepted by `accept_types`).
+-- name: job_run_insert_one
+-- App.enqueue of a run without dedupe or concurrency keys: one row as scalar parameters, and its
+-- wake-up NOTIFY in the same statement, so outside a caller's transaction an enqueue is one round
+-- trip and one commit (the NOTIFY is delivered when that commit is). The stored job definition
+-- fills in the defaults exactly as _enqueue and job_run_insert_bulk do (keep the three alike).
+-- Only what the caller does not know comes back: the definition's values and the statement's
+-- now() (the run's created_at, and its run_at unless one was given).
+-- Why not job_run_insert_many (the same INSERT from a one-element jsonb array, every column
+-- back), which single enqueue used until 2026-12-01: per call, server CPU 300 -> 233 us and
+-- Python 273 -> 213 us (backend /proc CPU and process_time, 15 interleaved rounds of 300 on the
+-- 2-core VM at load 3-4; a bare 3-column INSERT into job_run measured 133 / 158 us beside it):
+-- no jsonb array to build, print and parse, 5 columns back instead of 18 (psycopg sets up a
+-- loader per column at every call).
+-- Unknown job types (migration 0007): refused (NQ422) unless `accept` (the caller's opt-out, or
+-- a type its App has a handler for) or no worker has registered any type yet; see
+-- job_run_insert_bulk.
 INSERT INTO {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at,
                               max_attempts, timeout_s, tags, scope_entity_type, scope_entity_id,
                               tenant_id, defaulted, trace_context, rate_key)
@@ -39,42 +37,37 @@ SELECT r.id, r.job_type, coalesce(d.version, 1), r.input, coalesce(r.pool, d.poo
        coalesce(r.priority, d.priority_default, 0), coalesce(r.run_at, now()),
        coalesce(r.max_attempts, d.max_attempts, 25), d.timeout_s, coalesce(r.tags, ARRAY[]::text[]),
        coalesce(r.scope_entity_type, d.scope_entity_type),
-       -- Without the CASE the plpgsql function is called for every row, template or not.
        coalesce(r.scope_entity_id, CASE WHEN d.scope_id_template IS NOT NULL
                                         THEN {schema}._expand_template(d.scope_id_template, r.input)
                                    END),
        r.tenant_id,
-       -- A type without a definition: refused (NQ422) unless the caller accepts it
-       -- (`accept_types`: its opt-out, or types its App has handlers for) or no worker has
-       -- registered any type yet; then `defaulted`, what the definition fills in once a worker
-       -- registers it (migration 0007). A registered type stops at the first WHEN.
        CASE WHEN d.type IS NOT NULL THEN NULL
-            WHEN r.job_type = ANY (%(accept_types)s::text[])
-                 OR {schema}._accept_unknown_job_type(r.job_type)
+            WHEN %(accept)s OR {schema}._accept_unknown_job_type(r.job_type)
             THEN ((r.pool IS NULL)::integer + 2 * (r.priority IS NULL)::integer
                   + 4 * (r.max_attempts IS NULL)::integer)::smallint END,
        r.trace_context,
        -- A rate-limited type (migration 0015): the run's key, its type or its filled template.
        CASE WHEN d.rate_limit IS NOT NULL
             THEN {schema}._rate_key(r.job_type, d.rate_key_template, r.input) END
-FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb, pool text,
-     priority integer, run_at timestamptz, max_attempts integer, tags text[],
-     scope_entity_type text, scope_entity_id text, tenant_id text, trace_context jsonb)
+FROM (VALUES (%(id)s::uuid, %(job_type)s::text, %(input)s::jsonb, %(pool)s::text,
+              %(priority)s::integer, %(run_at)s::timestamptz, %(max_attempts)s::integer,
+              %(tags)s::text[], %(scope_entity_type)s::text, %(scope_entity_id)s::text,
+              %(tenant_id)s::text, %(trace_context)s::jsonb))
+     AS r(id, job_type, input, pool, priority, run_at, max_attempts, tags, scope_entity_type,
+          scope_entity_id, tenant_id, trace_context)
 LEFT JOIN {schema}.job d ON d.type = r.job_type
 -- The size the SQL function checks, as jsonb prints it (1e300 is 5 bytes in Python's JSON and
 -- 301 here): an oversized row is left out, and the caller reports it.
 WHERE octet_length(r.input::text) <= 65536
-RETURNING id, job_type, job_version, status, pool, priority, run_at, attempts, max_attempts,
-          timeout_s, tags, dedupe_key, trigger_source, created_at, scope_entity_type,
-          scope_entity_id, tenant_id,
-          -- A single enqueue asks for its wake-up here, in its own transaction (one round trip).
+RETURNING pool, priority, max_attempts, timeout_s, created_at,
           CASE WHEN %(notify)s THEN (SELECT 1 FROM pg_notify(%(channel)s, 'j:' || pool)) END
               AS notified
 
 -- name: job_run_insert_bulk
--- App.enqueue_many: job_run_insert_many's INSERT (keep the two alike), returning no row per
--- run. It returns one row per job type of the batch (`types`): how many rows went in, the
--- statement's now() and the stored definition it applied, from which Python builds the runs
+-- App.enqueue_many: job_run_insert_one's INSERT for a jsonb array of compact records (keep the
+-- two alike), returning no row per run. It returns one row per job type of the batch (`types`):
+-- how many rows went in, the statement's now() and the stored definition it applied, from which
+-- Python builds the runs
 -- with the same coalesce as here (notifyq/bulk.py), so the runs come back in the order given
 -- and nothing per row crosses the wire twice. Server CPU per row, batches of 1,000, on top of
 -- migration 0005 (backend /proc CPU time, 2-core VM at load 1-2, medians of 9 interleaved runs;
@@ -88,6 +81,14 @@ RETURNING id, job_type, job_version, status, pool, priority, run_at, attempts, m
 -- trigger costs ~1.7 us a row even though parent_run_id is NULL (EXPLAIN ANALYZE).
 -- Rejected: unnest() of typed arrays (server about the same, but psycopg dumps lists element
 -- by element in Python), and COPY into a temporary staging table first (~1-2 us more).
+-- Re-measured 2026-12-01 (issue 13 item 5; batches of 1,000 `{"i": n}` rows of one type, 8
+-- interleaved rounds of 5 batches, load 2.3; server CPU per row): this statement 21 us;
+-- unnest(uuid[], text[], text[]) 21 us; COPY (text, one write) into a temp staging table, then
+-- INSERT ... SELECT with this join 19 us; COPY straight into job_run with the definition's
+-- values filled in by the client 16 us. Only the last is clearly cheaper, and it would move
+-- the unknown-type refusal, the `defaulted` marks, scope templates and the jsonb size limit out
+-- of this one statement (into a definitions read, Python and a trigger or CHECK) for ~25 % of
+-- the server's share; the 100k/s of the issue needs the narrow hot table first (part 4).
 WITH inserted AS (
     INSERT INTO {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at,
                                   max_attempts, timeout_s, tags, scope_entity_type,
@@ -102,27 +103,31 @@ WITH inserted AS (
                                                                            r.input)
                                        END),
            r.tenant_id,
-           -- Unknown types refused, `defaulted` recorded: see job_run_insert_many.
+           -- Unknown types refused, `defaulted` recorded: see job_run_insert_one.
            CASE WHEN d.type IS NOT NULL THEN NULL
                 WHEN r.job_type = ANY (%(accept_types)s::text[])
                      OR {schema}._accept_unknown_job_type(r.job_type)
                 THEN ((r.pool IS NULL)::integer + 2 * (r.priority IS NULL)::integer
                       + 4 * (r.max_attempts IS NULL)::integer)::smallint END,
            r.trace_context,
-           -- Rate-limited types: see job_run_insert_many.
+           -- Rate-limited types: see job_run_insert_one.
            CASE WHEN d.rate_limit IS NOT NULL
                 THEN {schema}._rate_key(r.job_type, d.rate_key_template, r.input) END
     FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb, pool text,
          priority integer, run_at timestamptz, max_attempts integer, tags text[],
          scope_entity_type text, scope_entity_id text, tenant_id text, trace_context jsonb)
     LEFT JOIN {schema}.job d ON d.type = r.job_type
-    -- Oversized as jsonb prints it (see job_run_insert_many): left out, the caller reports it.
+    -- Oversized as jsonb prints it (see job_run_insert_one): left out, the caller reports it.
     WHERE octet_length(r.input::text) <= 65536
-    RETURNING 1
+    RETURNING pool
 )
 -- One snapshot for the whole statement: these are the definitions the INSERT joined.
+-- `notify`: one wake-up per pool the batch went to, delivered when the transaction commits (a
+-- batch without keyed runs needs no other statement for it).
 SELECT (SELECT count(*) FROM inserted) AS inserted, now() AS now, t.type, d.pool,
-       d.priority_default, d.max_attempts, d.timeout_s
+       d.priority_default, d.max_attempts, d.timeout_s,
+       (SELECT count(pg_notify(%(channel)s, 'j:' || p.pool))
+        FROM (SELECT DISTINCT pool FROM inserted) AS p WHERE %(notify)s) AS notified
 FROM unnest(%(types)s::text[]) AS t(type)
 LEFT JOIN {schema}.job d ON d.type = t.type
 

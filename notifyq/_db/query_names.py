@@ -27,7 +27,7 @@ class QueryNames:
 
     # db/queries/job_run.sql
     job_run_enqueue: LiteralString
-    job_run_insert_many: LiteralString
+    job_run_insert_one: LiteralString
     job_run_insert_bulk: LiteralString
     job_run_trace_context_set: LiteralString
     job_run_input_size: LiteralString

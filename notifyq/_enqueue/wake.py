@@ -1,8 +1,11 @@
 """Waking workers after an enqueue committed outside a caller's transaction.
 
-Every transaction that notifies takes PostgreSQL's global notify lock at commit, which caps 8
-concurrent single-row enqueuers at ~3.3k commits/s here, against ~8k/s without NOTIFY; folding
-concurrent wake-ups into one NOTIFY per round trip keeps enqueue near the plain-insert rate.
+Every transaction that notifies takes PostgreSQL's global notify lock at commit and holds it
+through the commit's WAL flush, which capped 8 concurrent single-row enqueuers at ~3.3k
+commits/s here against ~8k/s without NOTIFY; on a loaded machine the holders queue behind one
+another (2026-12-01, load 7: 480/s folded against 248/s with a NOTIFY in every insert; the
+numbers are in notifyq/_enqueue/write.py). Folding concurrent wake-ups into one NOTIFY per round
+trip keeps enqueue near the plain-insert rate.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from uuid import UUID
 import psycopg
 
 from notifyq._db.queries import Queries
-from notifyq._enqueue.request import EnqueueRequest, prepare
+from notifyq._enqueue.request import EnqueueRequest, Prepared, prepare
 
 Conn = psycopg.Connection[dict[str, Any]]
 
@@ -22,6 +22,17 @@ def enqueue(conn: Conn, q: Queries, job_type: str = "t.a", input: Any = None, *,
         notify=False, allow_unknown_type=allow_unknown_type)).fetchone()
     assert row is not None
     return row
+
+
+def insert_one(conn: Conn, q: Queries, request: EnqueueRequest | Prepared, *,
+               accept: bool = False, trace_context: str | None = None,
+               notify: bool = False) -> dict[str, Any] | None:
+    """``job_run_insert_one`` as App.enqueue runs it; its row with the run's id added (None:
+    left out, too large)."""
+    prepared = request if isinstance(request, Prepared) else prepare(request)
+    row = conn.execute(q.job_run_insert_one, prepared.insert_params(
+        accept=accept, trace_context=trace_context, notify=notify)).fetchone()
+    return None if row is None else {**row, "id": prepared.id}
 
 
 def claim(conn: Conn, q: Queries, now: datetime, *, pool: str = "default", limit: int = 10,

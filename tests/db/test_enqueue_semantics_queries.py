@@ -14,7 +14,7 @@ from notifyq._db.queries import Queries
 from notifyq._enqueue.ids import new_run_ids
 from notifyq._enqueue.request import EnqueueRequest, prepare
 from tests.db.conftest import T0
-from tests.db.helpers import DEFINITION, Conn, claim, enqueue, finish, get
+from tests.db.helpers import DEFINITION, Conn, claim, enqueue, finish, get, insert_one
 
 UNKNOWN = "NQ422"
 
@@ -23,19 +23,20 @@ def register(db: Conn, q: Queries, job_type: str, **definition: Any) -> None:
     db.execute(q.job_upsert, {**DEFINITION, "type": job_type, **definition})
 
 
-def insert_many(db: Conn, q: Queries, *types: str,
+def insert_ones(db: Conn, q: Queries, *types: str,
                 accept: list[str] | None = None) -> list[dict[str, Any]]:
-    prepared = [prepare(EnqueueRequest(job_type=t)) for t in types]
-    return db.execute(q.job_run_insert_many, {
-        "rows": "[" + ",".join(p.record() for p in prepared) + "]", "notify": False,
-        "channel": "notifyq", "accept_types": accept}).fetchall()
+    """App.enqueue's INSERT, one per type, in one transaction."""
+    with db.transaction():
+        rows = [insert_one(db, q, EnqueueRequest(job_type=t), accept=t in (accept or ()))
+                for t in types]
+    return [r for r in rows if r is not None]
 
 
 def insert_bulk(db: Conn, q: Queries, *types: str,
                 accept: list[str] | None = None) -> list[dict[str, Any]]:
     records = [{"id": str(i), "job_type": t, "input": {}}
                for i, t in zip(new_run_ids(len(types)), types, strict=True)]
-    return db.execute(q.job_run_insert_bulk, {
+    return db.execute(q.job_run_insert_bulk, {"notify": False, "channel": "notifyq",
         "rows": json.dumps(records), "types": list(dict.fromkeys(types)),
         "accept_types": accept}).fetchall()
 
@@ -53,7 +54,7 @@ def refused(db: Conn, fn: Any, *args: Any, **kwargs: Any) -> str:
 def test_every_enqueue_path_accepts_any_type_while_no_worker_has_registered_one(
         db: Conn, q: Queries) -> None:
     enqueue(db, q, "never.registered")
-    insert_many(db, q, "never.registered")
+    insert_ones(db, q, "never.registered")
     insert_bulk(db, q, "never.registered")
     db.execute("SELECT notifyq.enqueue('never.registered', '{}')")
     assert db.execute("SELECT count(*) AS n FROM notifyq.job_run").fetchone() == {"n": 4}
@@ -66,7 +67,7 @@ def test_every_enqueue_path_refuses_a_type_no_worker_registered_once_one_has(
     assert message == ("notifyq: unknown job type 'mail.sned': no worker has registered a "
                        "handler for it (registered: mail.send); check the job type, or enqueue "
                        "with allow_unknown_type to accept it before its worker starts")
-    refused(db, insert_many, q, "mail.send", "mail.sned")
+    refused(db, insert_ones, q, "mail.send", "mail.sned")
     refused(db, insert_bulk, q, "mail.send", "mail.sned")
     with pytest.raises(psycopg.Error) as sql_error:
         db.execute("SELECT notifyq.enqueue('mail.sned', '{}')")
@@ -74,7 +75,7 @@ def test_every_enqueue_path_refuses_a_type_no_worker_registered_once_one_has(
     assert db.execute("SELECT count(*) AS n FROM notifyq.job_run").fetchone() == {"n": 0}
     # A registered type goes through every path.
     enqueue(db, q, "mail.send")
-    insert_many(db, q, "mail.send")
+    insert_ones(db, q, "mail.send")
     insert_bulk(db, q, "mail.send")
     db.execute("SELECT notifyq.enqueue('mail.send', '{}')")
     assert db.execute("SELECT count(*) AS n FROM notifyq.job_run").fetchone() == {"n": 4}
@@ -83,14 +84,14 @@ def test_every_enqueue_path_refuses_a_type_no_worker_registered_once_one_has(
 def test_the_opt_out_accepts_an_unknown_type_on_every_path(db: Conn, q: Queries) -> None:
     register(db, q, "mail.send")
     enqueue(db, q, "later.type", allow_unknown_type=True)
-    insert_many(db, q, "mail.send", "later.type", accept=["later.type"])
+    insert_ones(db, q, "mail.send", "later.type", accept=["later.type"])
     insert_bulk(db, q, "later.type", "mail.send", accept=["later.type"])
     db.execute("SELECT notifyq.enqueue('later.type', '{}', allow_unknown_type => true)")
     counts = db.execute("SELECT job_type, count(*) AS n FROM notifyq.job_run GROUP BY job_type "
                         "ORDER BY job_type").fetchall()
     assert counts == [{"job_type": "later.type", "n": 4}, {"job_type": "mail.send", "n": 2}]
     # Accepting one type lets only that one through.
-    refused(db, insert_many, q, "later.type", "other.type", accept=["later.type"])
+    refused(db, insert_ones, q, "later.type", "other.type", accept=["later.type"])
 
 
 def test_the_built_in_webhook_paths_enqueue_before_webhook_deliver_is_registered(
@@ -113,7 +114,7 @@ def test_runs_enqueued_before_their_definition_take_its_defaults_when_it_appears
         db: Conn, q: Queries) -> None:
     plain = enqueue(db, q, "late.type")
     explicit = enqueue(db, q, "late.type", pool="mine", priority=-5, max_attempts=2)
-    (bulk,) = insert_many(db, q, "late.type")
+    (bulk,) = insert_ones(db, q, "late.type")
     assert (plain["max_attempts"], plain["pool"], plain["timeout_s"]) == (25, "default", None)
     register(db, q, "late.type", pool="slow", priority=3, max_attempts=4, timeout_s=9.5,
              version=2)
@@ -139,7 +140,7 @@ def test_a_run_enqueued_with_its_definition_in_place_is_not_marked_defaulted(
         db: Conn, q: Queries) -> None:
     register(db, q, "known.type", max_attempts=3)
     run = enqueue(db, q, "known.type")
-    (many,) = insert_many(db, q, "known.type")
+    (many,) = insert_ones(db, q, "known.type")
     assert get(db, q, run["id"])["defaulted"] is None
     assert get(db, q, many["id"])["defaulted"] is None
 
@@ -196,10 +197,9 @@ def test_dedupe_states_from_the_call_or_the_definition_decide_what_matches(
 def test_the_claim_takes_runs_of_equal_priority_and_run_at_in_id_order(
         db: Conn, q: Queries) -> None:
     prepared = [prepare(EnqueueRequest(job_type="t.fifo", input={"i": i})) for i in range(50)]
-    rows = "[" + ",".join(p.record() for p in prepared) + "]"
     with db.transaction():  # one now(): every run_at equal
-        db.execute(q.job_run_insert_many, {"rows": rows, "notify": False,
-                                           "channel": "notifyq", "accept_types": None})
+        for p in prepared:
+            insert_one(db, q, p)
     order = [r["id"] for r in claim(db, q, T0, limit=20)]
     order += [r["id"] for _ in range(30) for r in claim(db, q, T0, limit=1)]
     assert order == [p.id for p in prepared]

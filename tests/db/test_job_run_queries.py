@@ -25,6 +25,7 @@ from tests.db.helpers import (
     enqueue,
     finish,
     get,
+    insert_one,
     no_waits,
     seconds,
 )
@@ -62,28 +63,46 @@ def test_job_run_enqueue_with_a_dedupe_key_returns_the_existing_run(db: Conn, q:
     assert count(db) == 2
 
 
-def test_job_run_insert_many_inserts_every_row_with_definition_defaults(db: Conn,
-                                                                        q: Queries) -> None:
+def test_job_run_insert_one_applies_the_definition_defaults_and_returns_only_what_it_applied(
+        db: Conn, q: Queries) -> None:
     db.execute(q.job_upsert, {**DEFINITION, "type": "t.def", "version": 2, "pool": "p1",
-                              "priority": 5, "max_attempts": 3})
+                              "priority": 5, "max_attempts": 3, "timeout_s": 1.5})
     prepared = [prepare(EnqueueRequest(job_type=t, input={"i": i}, tags=["b"] if i else None,
                                        priority=1 if i == 2 else None))
                 for i, t in enumerate(["t.def", "t.plain", "t.def"])]
-    rows = db.execute(q.job_run_insert_many, {
-        "rows": "[" + ",".join(p.record() for p in prepared) + "]", "notify": False,
-        "channel": "notifyq", "accept_types": ["t.plain"]}).fetchall()
-    by_id = {r["id"]: r for r in rows}
-    assert set(by_id) == {p.id for p in prepared}
-    first, plain, third = (by_id[p.id] for p in prepared)
-    assert (first["pool"], first["priority"], first["max_attempts"], first["job_version"]) == (
-        "p1", 5, 3, 2)
-    assert (plain["pool"], plain["priority"], plain["max_attempts"]) == ("default", 0, 25)
+    with db.transaction():  # now() is the transaction's
+        first, plain, third = (insert_one(db, q, p, accept=p.request.job_type == "t.plain")
+                               for p in prepared)
+        now = db.execute("SELECT now() AS now").fetchone()
+    assert first is not None
+    assert plain is not None
+    assert third is not None
+    assert now is not None
+    assert first == {"id": prepared[0].id, "pool": "p1", "priority": 5, "max_attempts": 3,
+                     "timeout_s": 1.5, "created_at": now["now"], "notified": None}
+    assert (plain["pool"], plain["priority"], plain["max_attempts"], plain["timeout_s"]) == (
+        "default", 0, 25, None)
     assert third["priority"] == 1
-    assert plain["tags"] == ["b"]
-    assert first["tags"] == []
-    assert "input" not in plain  # the caller has it; not sent back
-    stored = db.execute("SELECT input FROM notifyq.job_run WHERE id = %s", (plain["id"],))
-    assert stored.fetchone() == {"input": {"i": 1}}
+    stored = {r["id"]: r for r in db.execute(
+        "SELECT id, job_version, input, tags, run_at FROM notifyq.job_run").fetchall()}
+    assert stored[prepared[0].id]["job_version"] == 2
+    assert stored[prepared[0].id]["tags"] == []
+    assert stored[prepared[1].id]["input"] == {"i": 1}
+    assert stored[prepared[1].id]["tags"] == ["b"]
+    assert stored[prepared[2].id]["run_at"] == now["now"]
+
+
+def test_job_run_insert_one_notifies_the_runs_pool_when_asked(dsn: str, db: Conn,
+                                                             q: Queries) -> None:
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN notifyq")
+        row = insert_one(db, q, EnqueueRequest(job_type="t.a", pool="mail"), accept=True,
+                         notify=True)
+        assert row is not None
+        assert row["notified"] == 1
+        insert_one(db, q, EnqueueRequest(job_type="t.a", pool="quiet"), accept=True)
+        got = [n.payload for n in listener.notifies(timeout=0.5)]
+    assert got == ["j:mail"]
 
 
 def test_job_run_insert_bulk_inserts_compact_records_and_returns_the_definitions_applied(
@@ -95,7 +114,7 @@ def test_job_run_insert_bulk_inserts_compact_records_and_returns_the_definitions
                {"id": str(ids[1]), "job_type": "t.plain", "tags": ["b"], "input": [1]},
                {"id": ids[2].hex, "job_type": "t.def", "priority": 1, "input": {"i": 2}}]
     with db.transaction():  # now() is the transaction's
-        summary = db.execute(q.job_run_insert_bulk, {
+        summary = db.execute(q.job_run_insert_bulk, {"notify": False, "channel": "notifyq",
             "rows": json.dumps(records), "types": ["t.def", "t.plain"],
             "accept_types": ["t.plain"]}).fetchall()
         now = db.execute("SELECT now() AS now").fetchone()
@@ -115,17 +134,33 @@ def test_job_run_insert_bulk_inserts_compact_records_and_returns_the_definitions
     assert first["run_at"] == first["created_at"] == now["now"]
 
 
+
+def test_job_run_insert_bulk_notifies_each_pool_of_the_batch_once_on_commit(
+        dsn: str, db: Conn, q: Queries) -> None:
+    records: list[dict[str, Any]] = [
+        {"id": str(uuid4()), "job_type": "t.a", "pool": pool, "input": {}}
+        for pool in ("a", "b", "a", "default")]
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN notifyq")
+        with db.transaction():
+            summary = db.execute(q.job_run_insert_bulk, {
+                "notify": True, "channel": "notifyq", "rows": json.dumps(records),
+                "types": ["t.a"], "accept_types": ["t.a"]}).fetchall()
+            assert list(listener.notifies(timeout=0.2)) == []  # not before the commit
+        got = sorted(n.payload for n in listener.notifies(timeout=0.5))
+    assert [s["notified"] for s in summary] == [3]
+    assert got == ["j:a", "j:b", "j:default"]
+
 TRACE = '{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'
 
 
 def test_a_trace_context_goes_in_with_the_record_and_comes_back_with_the_claim(
         db: Conn, q: Queries) -> None:
     traced, plain = (prepare(EnqueueRequest(job_type="t.a", input={"i": i})) for i in range(2))
-    db.execute(q.job_run_insert_many, {
-        "rows": f"[{traced.record(TRACE)},{plain.record()}]", "notify": False,
-        "channel": "notifyq", "accept_types": ["t.a"]})
+    insert_one(db, q, traced, accept=True, trace_context=TRACE)
+    insert_one(db, q, plain, accept=True)
     bulk_id = uuid4()
-    db.execute(q.job_run_insert_bulk, {
+    db.execute(q.job_run_insert_bulk, {"notify": False, "channel": "notifyq",
         "rows": json.dumps([{"id": str(bulk_id), "trace_context": json.loads(TRACE),
                              "job_type": "t.a", "input": {}}]),
         "types": ["t.a"], "accept_types": ["t.a"]})
@@ -150,7 +185,7 @@ def test_job_run_insert_bulk_leaves_out_an_input_too_large_as_jsonb_prints_it(
         db: Conn, q: Queries) -> None:
     records = [{"id": str(uuid4()), "job_type": "t.a", "input": {"n": [1e300] * 250}},
                {"id": str(uuid4()), "job_type": "t.a", "input": {"n": 1}}]
-    summary = db.execute(q.job_run_insert_bulk, {
+    summary = db.execute(q.job_run_insert_bulk, {"notify": False, "channel": "notifyq",
         "rows": json.dumps(records), "types": ["t.a"], "accept_types": None}).fetchall()
     assert [s["inserted"] for s in summary] == [1]
     assert count(db) == 1
@@ -223,9 +258,9 @@ def test_job_run_claim_skips_rows_locked_by_a_concurrent_claim(db: Conn, db2: Co
 
 def test_concurrent_claims_never_return_the_same_run(dsn: str, db: Conn, q: Queries) -> None:
     prepared = [prepare(EnqueueRequest(job_type="t.a", input={"i": i})) for i in range(300)]
-    db.execute(q.job_run_insert_many, {"rows": "[" + ",".join(p.record() for p in prepared) + "]",
-                                       "notify": False, "channel": "notifyq",
-                                       "accept_types": None})
+    with db.transaction():
+        for p in prepared:
+            insert_one(db, q, p)
     claimed: list[list[Any]] = [[] for _ in range(4)]
     barrier = threading.Barrier(4)
 
@@ -605,14 +640,13 @@ def test_error_json_from_python_round_trips_through_jsonb(db: Conn, q: Queries) 
     assert json.dumps(get(db, q, run["id"])["error"]["message"]) == '"bad\\ufffdbyte"'
 
 
-def test_job_run_insert_many_leaves_out_an_input_too_large_as_jsonb_prints_it(
+def test_job_run_insert_one_leaves_out_an_input_too_large_as_jsonb_prints_it(
         db: Conn, q: Queries) -> None:
     big = prepare(EnqueueRequest(job_type="t.a", input={"n": [1e300] * 250}))
     small = prepare(EnqueueRequest(job_type="t.a", input={"n": 1}))
-    rows = db.execute(q.job_run_insert_many, {
-        "rows": f"[{big.record()},{small.record()}]", "notify": False,
-        "channel": "notifyq", "accept_types": None}).fetchall()
-    assert [r["id"] for r in rows] == [small.id]
+    assert insert_one(db, q, big) is None
+    assert insert_one(db, q, small) is not None
+    assert count(db) == 1
     size = db.execute(q.job_run_input_size, {"input": big.input_json}).fetchone()
     assert size is not None
     assert size["size"] > 65_536

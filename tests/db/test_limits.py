@@ -136,8 +136,9 @@ def test_the_enqueue_function_states_the_python_limits(db: Conn) -> None:
 
 
 def test_the_signal_function_states_the_token_limit(db: Conn) -> None:
-    assert f"length(signal.token) NOT BETWEEN 1 AND {MAX_SIGNAL_TOKEN_LEN} THEN" in _function(
-        db, "signal")
+    # signal() calls _signal (migration 0016), which checks the token.
+    assert f"length(p_token) NOT BETWEEN 1 AND {MAX_SIGNAL_TOKEN_LEN} THEN" in _function(
+        db, "_signal")
 
 
 def test_the_send_webhook_function_states_the_webhook_limits(db: Conn) -> None:
@@ -153,7 +154,7 @@ def test_the_send_webhook_function_states_the_webhook_limits(db: Conn) -> None:
 
 
 def test_the_named_queries_state_the_python_limits(q: Queries) -> None:
-    for bulk in (q.job_run_insert_many, q.job_run_insert_bulk):
+    for bulk in (q.job_run_insert_one, q.job_run_insert_bulk):
         assert re.findall(r"octet_length\(r\.input::text\) <= (\d+)", bulk) == [
             str(MAX_INPUT_BYTES)]
     applied = " ".join(q.job_run_apply_definitions.split())

@@ -5,13 +5,15 @@ tenant's head however long another tenant's backlog is."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
 from notifyq._db.queries import Queries
-from notifyq._enqueue.request import EnqueueRequest, prepare
+from notifyq._enqueue.ids import new_run_ids
+from notifyq._enqueue.request import EnqueueRequest
 from tests.db.conftest import T0
-from tests.db.helpers import DEFINITION, NO_WRITES, Conn, claim, enqueue
+from tests.db.helpers import DEFINITION, NO_WRITES, Conn, claim, enqueue, insert_one
 
 
 def register(db: Conn, q: Queries, job_type: str, **definition: Any) -> None:
@@ -29,12 +31,19 @@ def claim_fair(db: Conn, q: Queries, limit: int) -> list[dict[str, Any]]:
         "lease_s": 30.0, "fair": True}).fetchall()
 
 
-def insert_many(db: Conn, q: Queries, job_type: str, n: int, input: Any = None) -> None:
-    """Plain enqueues (job_run_insert_many, as App.enqueue without keys)."""
-    prepared = [prepare(EnqueueRequest(job_type=job_type, input=input or {})) for _ in range(n)]
-    db.execute(q.job_run_insert_many, {
-        "rows": "[" + ",".join(p.record() for p in prepared) + "]", "notify": False,
-        "channel": "notifyq", "accept_types": None}).fetchall()
+def insert_ones(db: Conn, q: Queries, job_type: str, n: int, input: Any = None) -> None:
+    """Plain enqueues (job_run_insert_one, as App.enqueue without keys)."""
+    for _ in range(n):
+        insert_one(db, q, EnqueueRequest(job_type=job_type, input=input or {}))
+
+
+def insert_bulk(db: Conn, q: Queries, job_type: str, n: int, input: Any = None) -> None:
+    """App.enqueue_many's statement."""
+    records = [{"id": str(i), "job_type": job_type, "input": input or {}}
+               for i in new_run_ids(n)]
+    db.execute(q.job_run_insert_bulk, {"notify": False, "channel": "notifyq",
+                                       "rows": json.dumps(records), "types": [job_type],
+                                       "accept_types": None}).fetchall()
 
 
 def test_a_rate_limited_type_starts_at_most_its_limit_per_sliding_window(
@@ -96,8 +105,9 @@ def test_the_plain_insert_gives_rate_keys_too_and_other_types_none(db: Conn, q: 
     register(db, q, "t.rated", rate_limit=2, rate_period_s=1.0,
              rate_key_template="acct:{account}")
     register(db, q, "t.plain")
-    insert_many(db, q, "t.rated", 2, input={"account": 7})
-    insert_many(db, q, "t.plain", 1)
+    insert_ones(db, q, "t.rated", 1, input={"account": 7})
+    insert_bulk(db, q, "t.rated", 1, input={"account": 7})
+    insert_ones(db, q, "t.plain", 1)
     rows = db.execute("SELECT job_type, rate_key FROM notifyq.job_run ORDER BY job_type")
     assert rows.fetchall() == [{"job_type": "t.plain", "rate_key": None},
                                {"job_type": "t.rated", "rate_key": "acct:7"},

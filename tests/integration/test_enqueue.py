@@ -124,6 +124,22 @@ class _CountingCursor(psycopg.AsyncCursor[Any]):
         return await super().execute(query, params, **kwargs)
 
 
+async def test_a_lone_enqueue_many_sends_its_wake_up_in_its_own_transaction(
+        app: App, dsn: str) -> None:
+    """No other enqueue in flight: the batch's NOTIFY rides in its statement (one per pool,
+    delivered with the commit), not in a second transaction on another connection."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute("LISTEN notifyq")
+        await app.enqueue("t.echo", {"first": True})
+        await app.enqueue_many([{"job_type": "t.echo", "input": {"i": i}, "pool": pool}
+                                for i, pool in enumerate(["a", "b", "a"])])
+        got = [n.payload async for n in listener.notifies(timeout=2, stop_after=3)]
+    assert sorted(got) == ["j:a", "j:b", "j:default"]
+    waker = app._enqueuer._waker
+    assert waker is not None
+    assert waker.notifies_sent == 0
+
+
 async def test_enqueue_many_inserts_in_one_statement_and_returns_runs_in_order(
         app: App, dsn: str) -> None:
     _CountingCursor.statements = []

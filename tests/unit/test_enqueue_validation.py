@@ -173,15 +173,15 @@ def test_bad_dedupe_keys_are_refused(key: object) -> None:
         prepare(request(dedupe_key=key))
 
 
-def test_prepared_bulk_record_is_valid_json_with_the_input_embedded() -> None:
-    prepared = prepare(request(input={"to": "a@b.c", "n": [1, 2]}, priority=3, tags=["t"],
+def test_prepared_insert_params_carry_the_serialized_input_and_the_request_fields() -> None:
+    prepared = prepare(request(input={"to": "a@b.c", "n": [1, 2]}, priority=3, tags=("t",),
                                run_at=datetime(2030, 1, 1, tzinfo=UTC)))
-    record = json.loads(prepared.record())
-    assert record["input"] == {"to": "a@b.c", "n": [1, 2]}
-    assert record["id"] == str(prepared.id)
-    assert record["priority"] == 3
-    assert record["tags"] == ["t"]
-    assert record["run_at"] == "2030-01-01T00:00:00+00:00"
+    params = prepared.insert_params(accept=True, trace_context=None)
+    assert json.loads(params["input"]) == {"to": "a@b.c", "n": [1, 2]}
+    assert params["id"] == prepared.id
+    assert (params["priority"], params["tags"], params["run_at"]) == (
+        3, ["t"], datetime(2030, 1, 1, tzinfo=UTC))
+    assert (params["accept"], params["notify"], params["pool"]) == (True, True, None)
 
 
 def test_coerce_requests_names_the_bad_item() -> None:
