@@ -48,7 +48,7 @@ from notifyq._run import Run, awaitable
 from notifyq._runtime import Runtime
 from notifyq._settings import Settings, load_settings
 from notifyq._webhooks.deliver import Deliverer
-from notifyq._webhooks.service import DELIVER, POOL, Webhooks
+from notifyq._webhooks.service import DELIVER, ENDPOINT_KEY, POOL, Webhooks
 
 if TYPE_CHECKING:
     from notifyq._crypto.keyring import Keyring
@@ -128,8 +128,13 @@ class App:
         self._webhooks = Webhooks(self._runtime, self._columns)
         self._deliverer = Deliverer(self._runtime, self._webhooks.secret_column,
                                     self._webhooks.header_column)
+        # One concurrency key per endpoint: the queue's keyed claim gives each endpoint at
+        # most `endpoint_concurrency` of the delivery slots, in SQL, across all workers.
         self.handler(DELIVER, pool=POOL, timeout_s=self.settings.webhooks.timeout_s + 30,
-                     retry=RetryPolicy(attempts=100, base_s=1, max_s=300))(self._deliverer)
+                     retry=RetryPolicy(attempts=100, base_s=1, max_s=300),
+                     concurrency=ConcurrencyPolicy(
+                         key=ENDPOINT_KEY, limit=self.settings.webhooks.endpoint_concurrency),
+                     )(self._deliverer)
 
     @property
     def webhooks(self) -> Webhooks:

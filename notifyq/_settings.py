@@ -281,6 +281,18 @@ class WebhookSettings(_Section):
     """After a secret rotation the old secret still signs this long. Defaults to 1 day."""
     max_connections: Annotated[int, Field(ge=1, le=10_000)] = 100
     """Pooled connections across destinations (kept alive per destination). Defaults to 100."""
+    endpoint_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 5
+    """Deliveries to one endpoint in flight at once, across all workers (a concurrency key per
+    endpoint, enforced when runs are claimed): a slow endpoint holds at most this many delivery
+    slots. Keep it below a worker's ``--concurrency``; raise it for a fast, busy endpoint.
+    Defaults to 5."""
+    breaker_failures: Annotated[int, Field(ge=0, le=10_000)] = 5
+    """Failed attempts in a row (no success between) that open an endpoint's circuit: its
+    deliveries are parked for ``breaker_cooldown_s``, then one probe decides whether it closes.
+    0 turns the breaker off. Defaults to 5."""
+    breaker_cooldown_s: Seconds = 60.0
+    """How long an open circuit parks an endpoint's deliveries before a probe. Defaults to
+    60.0."""
 
     @field_validator("allowed_networks", mode="before")
     @classmethod
