@@ -62,7 +62,7 @@ async def test_a_failing_endpoint_opens_its_circuit_and_its_deliveries_are_parke
                         await app.webhooks.get_endpoint(slow.id)).to_json()["circuit"]
                     assert circuit["state"] == "open", circuit
                     return circuit
-                circuit = await eventually(opened, timeout=15)
+                await eventually(opened, timeout=15)
 
                 async def parked() -> None:
                     rows = await fetch(app, "SELECT status, run_at FROM notifyq.job_run "
