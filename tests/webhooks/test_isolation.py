@@ -3,20 +3,24 @@ hole on 127.0.0.1 (accepts, reads, never answers) and a real healthy receiver.""
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from notifyq import App
+from notifyq._api.app import ServiceState, create_api
 from notifyq._clock import ManualClock
 from notifyq._errors import Snooze
 from tests.integration.inproc import fetch, running
 from tests.receiver import BlackHole, Receiver, Reply
 from tests.support import eventually
 from tests.webhooks.conftest import deliverer, webhook_settings
+from tests.webhooks.test_api_cli import ADMIN, _cli, _secret
 
 pytestmark = pytest.mark.anyio
 TIMEOUT_S = 2.0
@@ -165,3 +169,29 @@ def _arrived(receiver: Receiver, path: str, n: int = 1) -> Any:
         assert len(receiver.at(path)) >= n
     return check
 
+
+
+async def test_the_circuit_is_shown_by_the_api_and_the_cli_and_enable_closes_it(
+        dsn: str, receiver: Receiver) -> None:
+    base = webhook_settings(dsn, breaker_failures=2, breaker_cooldown_s=600.0)
+    app = App(settings=base.model_copy(update={
+        "api": base.api.model_copy(update={"admin_token": _secret(ADMIN)})}))
+    async with app:
+        receiver.script("/down", Reply(503), Reply(503))
+        ep = await app.webhooks.create_endpoint(receiver.url("/down"))
+        for message in await _send(app, ep.id, 2):
+            with pytest.raises(Snooze):
+                await deliverer(app).deliver(message, ep.id)
+        transport = httpx.ASGITransport(app=create_api(app, ServiceState()))
+        async with httpx.AsyncClient(transport=transport, base_url="http://api", headers={
+                "authorization": f"Bearer {ADMIN}"}) as client:
+            got = (await client.get(f"/v1/webhooks/endpoints/{ep.id}")).json()
+    assert got["circuit"]["state"] == "open"
+    assert got["circuit"]["consecutive_failures"] == 2
+    listed = await anyio.to_thread.run_sync(_cli, dsn, "endpoints", "list")
+    assert "circuit open after 2 failures until" in listed.stdout, listed
+    enabled = await anyio.to_thread.run_sync(_cli, dsn, "endpoints", "enable", str(ep.id),
+                                             "--json")
+    assert enabled.returncode == 0, enabled.stderr
+    assert json.loads(enabled.stdout)["circuit"] == {
+        "state": "closed", "consecutive_failures": 0, "open_until": None}
