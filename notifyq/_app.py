@@ -474,6 +474,12 @@ class App:
         log.info("worker %s: pools %s, concurrency %d, handlers %s", worker.id,
                  ",".join(worker.producers), worker.concurrency,
                  ",".join(s.job_type for s in self._registry.specs()) or "-")
+        share = self.settings.webhooks.endpoint_concurrency
+        if self._webhooks is not None and POOL in worker.producers and (
+                share >= worker.concurrency):
+            log.warning("webhooks.endpoint_concurrency (%d) is not below this worker's "
+                        "concurrency (%d): one slow endpoint can take all its slots until its "
+                        "circuit opens", share, worker.concurrency)
         task_status.started(worker)
         await worker.run()
 
