@@ -195,3 +195,20 @@ async def test_the_circuit_is_shown_by_the_api_and_the_cli_and_enable_closes_it(
     assert enabled.returncode == 0, enabled.stderr
     assert json.loads(enabled.stdout)["circuit"] == {
         "state": "closed", "consecutive_failures": 0, "open_until": None}
+
+
+async def test_a_busy_healthy_endpoint_is_not_held_to_its_limit_per_poll(
+        dsn: str, receiver: Receiver) -> None:
+    # A key at its limit leaves its other runs runnable but unclaimed; when one finishes the
+    # producer must claim again, not wait for its next poll (here 30 s).
+    base = webhook_settings(dsn, endpoint_concurrency=2)
+    app = App(settings=base.model_copy(update={
+        "worker": base.worker.model_copy(update={"poll_interval_s": 30.0})}))
+    async with app:
+        ep = await app.webhooks.create_endpoint(receiver.url("/busy"))
+        async with running(app, concurrency=4, pools=["webhooks"]):
+            async with (await app.pool()).connection() as conn, conn.transaction():
+                for n in range(10):  # one transaction: one NOTIFY, one wake-up
+                    await app.webhooks.send("order.paid", {"n": n}, endpoint_id=ep.id,
+                                            conn=conn)
+            await eventually(_arrived(receiver, "/busy", 10), timeout=10)
