@@ -685,7 +685,9 @@ BEGIN
     VALUES (msg_id, p_event_type, body_, p_endpoint_id, p_idempotency_key);
     SELECT * INTO def FROM job WHERE type = 'webhook.deliver';
     WITH targets AS (
-        SELECT e.id FROM webhook_endpoint e
+        SELECT e.id, jsonb_build_object('message_id', msg_id, 'endpoint_id', e.id) AS input,
+               greatest(now(), e.circuit_open_until) AS run_at
+        FROM webhook_endpoint e
         WHERE e.disabled_at IS NULL
           AND CASE WHEN p_endpoint_id IS NOT NULL THEN e.id = p_endpoint_id
                    ELSE e.event_types IS NULL OR p_event_type = ANY (e.event_types) END
@@ -693,11 +695,13 @@ BEGIN
     ), runs AS (
         INSERT INTO job_run (id, job_type, job_version, input, pool, priority, run_at,
                              max_attempts, timeout_s, tags, trigger_source, trigger_ref,
-                             scope_entity_type)
-        SELECT uuid7(), 'webhook.deliver', coalesce(def.version, 1),
-               jsonb_build_object('message_id', msg_id, 'endpoint_id', t.id), 'webhooks',
-               coalesce(def.priority_default, 0), now(), 100, def.timeout_s, ARRAY[]::text[],
-               'event', msg_id, def.scope_entity_type
+                             scope_entity_type, concurrency_key, concurrency_limit)
+        SELECT uuid7(), 'webhook.deliver', coalesce(def.version, 1), t.input, 'webhooks',
+               coalesce(def.priority_default, 0), t.run_at, 100, def.timeout_s, ARRAY[]::text[],
+               'event', msg_id, def.scope_entity_type,
+               _expand_template(def.concurrency_key_template, t.input),
+               CASE WHEN def.concurrency_key_template IS NOT NULL
+                    THEN coalesce(def.concurrency_limit, 1) END
         FROM targets t
         RETURNING id, (input ->> 'endpoint_id')::uuid AS endpoint_id
     )
@@ -1062,7 +1066,6 @@ CREATE TABLE notifyq.webhook_attempt (
     response_truncated boolean DEFAULT false NOT NULL,
     next_attempt_at timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT webhook_attempt_error_kind_check CHECK ((error_kind = ANY (ARRAY['timeout'::text, 'connect'::text, 'dns'::text, 'tls'::text, 'blocked'::text]))),
     CONSTRAINT webhook_attempt_trigger_check CHECK ((trigger = ANY (ARRAY['scheduled'::text, 'manual'::text])))
 );
 
@@ -1114,6 +1117,9 @@ CREATE TABLE notifyq.webhook_endpoint (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     header_values bytea,
     tenant_id text,
+    consecutive_failures integer DEFAULT 0 NOT NULL,
+    circuit_open_until timestamp with time zone,
+    CONSTRAINT webhook_endpoint_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
     CONSTRAINT webhook_endpoint_headers_check CHECK ((jsonb_typeof(headers) = 'object'::text)),
     CONSTRAINT webhook_endpoint_tenant_id_check CHECK (((length(tenant_id) >= 1) AND (length(tenant_id) <= 512))),
     CONSTRAINT webhook_endpoint_url_check CHECK (((length(url) >= 1) AND (length(url) <= 2048)))
@@ -1281,6 +1287,13 @@ ALTER TABLE ONLY notifyq.rate_window
 
 ALTER TABLE ONLY notifyq.schema_migration
     ADD CONSTRAINT schema_migration_pkey PRIMARY KEY (version);
+
+--
+-- Name: webhook_attempt webhook_attempt_error_kind_check; Type: CHECK CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE notifyq.webhook_attempt
+    ADD CONSTRAINT webhook_attempt_error_kind_check CHECK ((error_kind = ANY (ARRAY['timeout'::text, 'connect'::text, 'dns'::text, 'tls'::text, 'blocked'::text, 'invalid'::text]))) NOT VALID;
 
 --
 -- Name: webhook_attempt webhook_attempt_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -

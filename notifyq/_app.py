@@ -55,7 +55,7 @@ from notifyq._run import Run, awaitable
 from notifyq._runtime import Runtime
 from notifyq._settings import Settings, load_settings
 from notifyq._webhooks.deliver import Deliverer
-from notifyq._webhooks.service import DELIVER, POOL, Webhooks
+from notifyq._webhooks.service import DELIVER, ENDPOINT_KEY, POOL, Webhooks
 
 if TYPE_CHECKING:
     from notifyq._crypto.keyring import Keyring
@@ -135,8 +135,13 @@ class App:
         self._webhooks = Webhooks(self._runtime, self._columns)
         self._deliverer = Deliverer(self._runtime, self._webhooks.secret_column,
                                     self._webhooks.header_column)
+        # One concurrency key per endpoint: the queue's keyed claim gives each endpoint at
+        # most `endpoint_concurrency` of the delivery slots, in SQL, across all workers.
         self.handler(DELIVER, pool=POOL, timeout_s=self.settings.webhooks.timeout_s + 30,
-                     retry=RetryPolicy(attempts=100, base_s=1, max_s=300))(self._deliverer)
+                     retry=RetryPolicy(attempts=100, base_s=1, max_s=300),
+                     concurrency=ConcurrencyPolicy(
+                         key=ENDPOINT_KEY, limit=self.settings.webhooks.endpoint_concurrency),
+                     )(self._deliverer)
 
     @property
     def webhooks(self) -> Webhooks:
@@ -478,6 +483,12 @@ class App:
         log.info("worker %s: pools %s, concurrency %d, handlers %s", worker.id,
                  ",".join(worker.producers), worker.concurrency,
                  ",".join(s.job_type for s in self._registry.specs()) or "-")
+        share = self.settings.webhooks.endpoint_concurrency
+        if self._webhooks is not None and POOL in worker.producers and (
+                share >= worker.concurrency):
+            log.warning("webhooks.endpoint_concurrency (%d) is not below this worker's "
+                        "concurrency (%d): one slow endpoint can take all its slots until its "
+                        "circuit opens", share, worker.concurrency)
         task_status.started(worker)
         await worker.run()
 

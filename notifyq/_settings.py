@@ -353,6 +353,18 @@ class WebhookSettings(_Section):
     """The HTTP/1.1 client under deliveries: ``notifyq``'s own (one request, one response,
     framed as strictly as h11; 5-15x less CPU per request, docs/webhooks.md) or httpx's stock
     transport (httpcore and h11); the SSRF guard applies to both. Defaults to "notifyq"."""
+    endpoint_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 5
+    """Deliveries to one endpoint in flight at once, across all workers (a concurrency key per
+    endpoint, enforced when runs are claimed): a slow endpoint holds at most this many delivery
+    slots. Keep it below a worker's ``--concurrency``; raise it for a fast, busy endpoint.
+    Defaults to 5."""
+    breaker_failures: Annotated[int, Field(ge=0, le=10_000)] = 5
+    """Failed attempts in a row (no success between) that open an endpoint's circuit: its
+    deliveries are parked for ``breaker_cooldown_s``, then one probe decides whether it closes.
+    0 turns the breaker off. Defaults to 5."""
+    breaker_cooldown_s: Seconds = 60.0
+    """How long an open circuit parks an endpoint's deliveries before a probe. Defaults to
+    60.0."""
 
     @field_validator("allowed_networks", "allowed_ports", mode="before")
     @classmethod

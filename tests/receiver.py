@@ -222,3 +222,64 @@ class Listener:
         self._stop.set()
         self._thread.join(5)
         self.sock.close()
+
+
+class BlackHole:
+    """A TCP listener on 127.0.0.1 that accepts every connection, reads what is sent and never
+    answers: the endpoint that holds a delivery until its timeout. Counts the connections
+    accepted, those open now and the most open at once."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.open = 0
+        self.max_open = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="black-hole", daemon=True)
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _run(self) -> None:
+        import selectors
+
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.sock, selectors.EVENT_READ)
+            while not self._stop.is_set():
+                for key, _ in selector.select(0.05):
+                    if key.fileobj is self.sock:
+                        try:
+                            conn, _ = self.sock.accept()
+                        except OSError:
+                            continue
+                        conn.setblocking(False)
+                        selector.register(conn, selectors.EVENT_READ)
+                        self.accepted += 1
+                        self.open += 1
+                        self.max_open = max(self.max_open, self.open)
+                        continue
+                    conn = key.fileobj  # type: ignore[assignment]
+                    try:
+                        data = conn.recv(65536)
+                    except OSError:
+                        data = b""
+                    if not data:  # the client gave up: forget the connection
+                        selector.unregister(conn)
+                        conn.close()
+                        self.open -= 1
+            for key in list(selector.get_map().values()):
+                if key.fileobj is not self.sock:
+                    key.fileobj.close()  # type: ignore[union-attr]
+
+    def __enter__(self) -> BlackHole:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()

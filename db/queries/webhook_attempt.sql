@@ -8,7 +8,11 @@
 -- streak, written only when it changes (a hot endpoint's successes do not contend on its row):
 -- the batch's last attempt of an endpoint decides, and a success earlier in the batch restarts
 -- the streak. Endpoint rows are locked in id order (two workers' batches cannot deadlock on
--- them). Returns, per position `ord`, when the endpoint's streak started (NULL after success).
+-- them). The same write keeps the circuit breaker (0015): `consecutive_failures` counts the
+-- failed attempts since the last success, and reaching `breaker_failures` (0: never) opens the
+-- circuit for `breaker_cooldown_s` from now (again after a failed probe); a success closes it.
+-- Returns, per position `ord`, when the endpoint's streak started (NULL after success) and
+-- until when its circuit is open (NULL: closed).
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 v AS (
     SELECT * FROM unnest(%(message_ids)s::text[], %(endpoint_ids)s::uuid[], %(run_ids)s::uuid[],
@@ -50,28 +54,44 @@ v AS (
     FROM per_delivery p, n
     WHERE d.message_id = p.message_id AND d.endpoint_id = p.endpoint_id
 ), per_endpoint AS (
-    SELECT endpoint_id, (array_agg(succeeded ORDER BY ord DESC))[1] AS last_ok,
-           bool_or(succeeded) AS any_ok
-    FROM v GROUP BY endpoint_id
+    SELECT v.endpoint_id, (array_agg(v.succeeded ORDER BY v.ord DESC))[1] AS last_ok,
+           bool_or(v.succeeded) AS any_ok,
+           -- the failures after the batch's last success (all of them when there is none)
+           (count(*) FILTER (WHERE NOT v.succeeded
+                             AND v.ord > coalesce(k.ok_ord, 0)))::integer AS failures
+    FROM v LEFT JOIN (SELECT endpoint_id, max(ord) AS ok_ord FROM v WHERE succeeded
+                      GROUP BY endpoint_id) k ON k.endpoint_id = v.endpoint_id
+    GROUP BY v.endpoint_id
 ), changing AS (
-    SELECT e.id, CASE WHEN p.last_ok THEN NULL WHEN p.any_ok THEN n.now
-                      ELSE coalesce(e.failing_since, n.now) END AS failing_since
-    FROM {schema}.webhook_endpoint e JOIN per_endpoint p ON p.endpoint_id = e.id, n
-    WHERE (CASE WHEN p.last_ok THEN NULL WHEN p.any_ok THEN n.now
-                ELSE coalesce(e.failing_since, n.now) END) IS DISTINCT FROM e.failing_since
+    SELECT e.id, f.failing_since, f.failures, o.open_until
+    FROM {schema}.webhook_endpoint e JOIN per_endpoint p ON p.endpoint_id = e.id, n,
+    LATERAL (SELECT CASE WHEN p.last_ok THEN NULL WHEN p.any_ok THEN n.now
+                         ELSE coalesce(e.failing_since, n.now) END AS failing_since,
+                    CASE WHEN p.any_ok THEN p.failures
+                         ELSE e.consecutive_failures + p.failures END AS failures) f,
+    LATERAL (SELECT CASE WHEN p.failures > 0 AND %(breaker_failures)s::integer > 0
+                              AND f.failures >= %(breaker_failures)s::integer
+                         THEN n.now + make_interval(secs => %(breaker_cooldown_s)s::float8)
+                         WHEN p.any_ok THEN NULL
+                         ELSE e.circuit_open_until END AS open_until) o
+    WHERE (f.failing_since, f.failures, o.open_until)
+          IS DISTINCT FROM (e.failing_since, e.consecutive_failures, e.circuit_open_until)
     ORDER BY e.id
     FOR UPDATE OF e
 ), streak AS (
     UPDATE {schema}.webhook_endpoint e
-    SET failing_since = c.failing_since
+    SET failing_since = c.failing_since, consecutive_failures = c.failures,
+        circuit_open_until = c.open_until
     FROM changing c
     WHERE e.id = c.id
-    RETURNING e.id, e.failing_since
+    RETURNING e.id, e.failing_since, e.circuit_open_until
 )
 SELECT v.ord,
        CASE WHEN v.succeeded THEN NULL
             WHEN s.id IS NOT NULL THEN s.failing_since
-            ELSE e.failing_since END AS failing_since
+            ELSE e.failing_since END AS failing_since,
+       CASE WHEN s.id IS NOT NULL THEN s.circuit_open_until
+            ELSE e.circuit_open_until END AS circuit_open_until
 FROM v
 LEFT JOIN streak s ON s.id = v.endpoint_id
 LEFT JOIN {schema}.webhook_endpoint e ON e.id = v.endpoint_id

@@ -12,7 +12,8 @@ ORDER BY d.endpoint_id
 -- secrets valid now (newest first). A pair with no delivery has no row.
 SELECT k.ord, m.id AS message_id, m.event_type, m.body, e.id AS endpoint_id, e.url, e.headers,
        e.header_values,
-       e.disabled_at, e.disabled_reason, d.status, d.attempts,
+       e.disabled_at, e.disabled_reason, e.consecutive_failures, e.circuit_open_until,
+       d.status, d.attempts,
        coalesce(s.ids, '{{}}') AS secret_ids, coalesce(s.ciphertexts, '{{}}') AS ciphertexts
 FROM unnest(%(message_ids)s::text[], %(endpoint_ids)s::uuid[])
      WITH ORDINALITY AS k(message_id, endpoint_id, ord)
@@ -32,6 +33,17 @@ LEFT JOIN LATERAL (
 UPDATE {schema}.webhook_delivery
 SET status = 'canceled', last_error = %(reason)s, updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE message_id = %(message_id)s AND endpoint_id = %(endpoint_id)s AND status = 'pending'
+
+-- name: webhook_delivery_park
+-- While an endpoint's circuit is open (0015) its pending deliveries wait for it to close instead
+-- of each taking a worker slot to find it open: their runs' run_at moves to `until`. A run
+-- already due later keeps its time.
+UPDATE {schema}.job_run r
+SET run_at = %(until)s::timestamptz, updated_at = coalesce(%(now)s::timestamptz, now())
+FROM {schema}.webhook_delivery d
+WHERE d.endpoint_id = %(endpoint_id)s AND d.status = 'pending'
+  AND r.id = d.run_id AND r.status = 'pending' AND r.run_at < %(until)s::timestamptz
+RETURNING r.id
 
 -- name: webhook_delivery_cancel_pending
 -- Stops an endpoint's pending deliveries (410 Gone, or disabled after failing too long): their

@@ -77,12 +77,32 @@ WHERE id = %(id)s
 RETURNING *
 
 -- name: webhook_endpoint_enable
--- A fresh start: the failure streak is forgotten too.
+-- A fresh start: the failure streak is forgotten too and the circuit closed.
 UPDATE {schema}.webhook_endpoint
 SET disabled_at = NULL, disabled_reason = NULL, failing_since = NULL,
+    consecutive_failures = 0, circuit_open_until = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s
 RETURNING *
+
+-- name: webhook_endpoint_circuit_hold
+-- A scheduled delivery to an endpoint whose circuit was open when it was loaded (0015). Past the
+-- cooldown (half-open) the first delivery to ask takes the probe: the circuit stays open for
+-- `probe_s` more (one attempt's time) so that the others wait for the probe's outcome. Returns
+-- until when the circuit is open (NULL: it closed meanwhile) and whether this delivery is the
+-- probe; a time already past without the probe means another delivery took it.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+probe AS (
+    UPDATE {schema}.webhook_endpoint e
+    SET circuit_open_until = n.now + make_interval(secs => %(probe_s)s::float8)
+    FROM n
+    WHERE e.id = %(endpoint_id)s AND e.circuit_open_until <= n.now
+    RETURNING e.circuit_open_until
+)
+SELECT coalesce((SELECT circuit_open_until FROM probe), e.circuit_open_until) AS open_until,
+       EXISTS (SELECT FROM probe) AS probe
+FROM {schema}.webhook_endpoint e
+WHERE e.id = %(endpoint_id)s
 
 -- name: webhook_endpoint_delete
 DELETE FROM {schema}.webhook_endpoint WHERE id = %(id)s RETURNING id

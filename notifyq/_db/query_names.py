@@ -138,6 +138,7 @@ class QueryNames:
     webhook_delivery_list: LiteralString
     webhook_delivery_load_many: LiteralString
     webhook_delivery_skip: LiteralString
+    webhook_delivery_park: LiteralString
     webhook_delivery_cancel_pending: LiteralString
     webhook_delivery_resend: LiteralString
     webhook_delivery_recover: LiteralString
@@ -154,6 +155,7 @@ class QueryNames:
     webhook_endpoint_update: LiteralString
     webhook_endpoint_disable: LiteralString
     webhook_endpoint_enable: LiteralString
+    webhook_endpoint_circuit_hold: LiteralString
     webhook_endpoint_delete: LiteralString
     webhook_endpoint_health: LiteralString
 

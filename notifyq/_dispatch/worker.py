@@ -312,8 +312,13 @@ class Worker:
                 execution.stop("canceled")
 
     def _on_written(self, pool: str, status: str) -> None:
-        if status == "pending" and pool in self.producers:
-            self.producers[pool].wake()
+        producer = self.producers.get(pool)
+        # In a keyed pool any finished run may free its key: the runs queued behind a full key
+        # are runnable but were left by the last claim, and nothing else wakes the producer
+        # before its next poll (webhooks to one endpoint, limit 5, 50 slots: < 8/s, one
+        # key's worth per poll interval).
+        if producer is not None and (status == "pending" or producer.keyed):
+            producer.wake()
 
     def _wake_all(self) -> None:
         for producer in self.producers.values():

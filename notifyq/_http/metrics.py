@@ -60,7 +60,8 @@ class Metrics:
                             ["kind", "name"], registry=r)
         self.webhook_attempts = Counter(
             "notifyq_webhook_attempts", "Webhook attempts made by this process, by outcome "
-            "(2xx, 3xx, 4xx, 5xx, or the error kind: timeout, connect, dns, tls, blocked)",
+            "(2xx, 3xx, 4xx, 5xx, or the error kind: timeout, connect, dns, tls, blocked, "
+            "invalid)",
             ["outcome"], registry=r)
         self.listener = Gauge("notifyq_listener_connected", "1 when the LISTEN connection is "
                               "up (absent without a worker or in poll-only mode)", registry=r)

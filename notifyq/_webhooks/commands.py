@@ -135,6 +135,12 @@ def _types(e: Endpoint) -> str:
 
 def _endpoint_line(e: Endpoint) -> str:
     state = "enabled" if e.enabled else f"disabled ({e.disabled_reason})"
+    circuit = e.circuit_state()
+    if circuit != "closed" and e.circuit_open_until is not None:
+        state += (f", circuit {circuit.replace('_', '-')} after "
+                  f"{_plural(e.consecutive_failures, 'failure')}"
+                  + (f" until {e.circuit_open_until.isoformat(timespec='seconds')}"
+                     if circuit == "open" else ""))
     types = ",".join(e.event_types) if e.event_types else "*"
     return f"{e.id}  {state}  {types}  {e.url}"
 

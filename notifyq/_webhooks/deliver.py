@@ -16,6 +16,17 @@ Each execution:
    that is over raises ``Permanent``. 410 Gone, or failing longer than
    ``webhooks.disable_after_s``, disables the endpoint and stops its pending deliveries.
 
+What cannot be sent at all (a URL or header the transport refuses, no valid secret) is an
+attempt too, of error kind ``invalid``, and ends the delivery: no retry could fix it.
+
+**Circuit breaker.** ``webhooks.breaker_failures`` failed attempts in a row open the endpoint's
+circuit for ``webhooks.breaker_cooldown_s`` (kept in the endpoint's row by step 4, so every
+worker obeys it). While it is open the endpoint's pending deliveries are parked (their runs wait
+until it ends) rather than each taking a slot to time out, and a scheduled delivery that finds
+it open anyway waits too, without a request or an attempt. After the cooldown the first
+delivery is the probe (the others wait one attempt's time more): its success closes the
+circuit, its failure opens it again. Manual resends are not held.
+
 A worker killed between the POST and step 4 leaves the run to the reaper; the retry sends the
 same ``webhook-id`` again (receivers deduplicate on it), as Standard Webhooks expects.
 """
@@ -25,7 +36,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -34,6 +45,7 @@ import psycopg
 from notifyq._db.batcher import Batcher
 from notifyq._errors import Permanent, Snooze, WebhookNotFound
 from notifyq._tracing import child_span, mark_error, webhook_attempt
+from notifyq._webhooks.client import AttemptResult
 from notifyq._webhooks.endpoints import RESERVED_HEADERS
 from notifyq._webhooks.headers import unseal
 from notifyq._webhooks.schedule import Decision, decide
@@ -44,7 +56,8 @@ if TYPE_CHECKING:
     from notifyq._crypto.keyring import Keyring
     from notifyq._keys.columns import EncryptedColumn
     from notifyq._runtime import Runtime
-    from notifyq._webhooks.client import AttemptResult, WebhookClient
+    from notifyq._settings import WebhookSettings
+    from notifyq._webhooks.client import WebhookClient
     from notifyq._webhooks.ssrf import Resolver
 
 log = logging.getLogger("notifyq.webhooks")
@@ -61,6 +74,12 @@ _RECORD_COLUMNS = {
 """Each attempt's field -> the array parameter of ``webhook_attempt_record_many``."""
 _STATUS_AFTER = {"succeeded": "succeeded", "retry": "pending", "failed": "failed",
                  "gone": "failed"}
+PROBE_MARGIN_S = 5.0
+"""A half-open circuit's probe holds the others back one attempt's time (``timeout_s``) plus
+this, for its load and record."""
+_Streak = tuple[datetime | None, datetime | None]
+"""After an attempt was recorded: since when its endpoint fails, until when its circuit is
+open."""
 
 
 class Deliverer:
@@ -86,7 +105,7 @@ class Deliverer:
         # pg_stat_statements). At idle a statement still goes alone and at once.
         self._loads: Batcher[tuple[str, UUID], dict[str, Any] | None] = Batcher(
             self._load_many, split_on=(psycopg.DataError,))
-        self._records: Batcher[dict[str, Any], datetime | None] = Batcher(
+        self._records: Batcher[dict[str, Any], _Streak] = Batcher(
             self._record_many, split_on=(psycopg.IntegrityError, psycopg.DataError,
                                          psycopg.errors.DeadlockDetected))
         self.observer: Callable[[str], None] | None = None
@@ -136,27 +155,24 @@ class Deliverer:
                         "message_id": message_id, "endpoint_id": endpoint_id,
                         "reason": skipped, "now": app.clock.db_now()})
             return {"skipped": skipped}
+        if scheduled and row["circuit_open_until"] is not None:
+            await self._hold(row)
         keyring = await self._rt.checked_keyring()
         keys = self._keys(row, keyring)
-        body = row["body"].encode()
         timestamp = int(now.timestamp())
-        headers = {name: value for name, value in self._custom_headers(row, keyring).items()
-                   if name.lower() not in RESERVED_HEADERS
-                   and not name.lower().startswith("webhook-")}
-        headers.update({"content-type": "application/json", "accept-encoding": "identity",
-                        "user-agent": headers.get("user-agent", USER_AGENT),
-                        "webhook-id": message_id, "webhook-timestamp": str(timestamp),
-                        "webhook-signature": signature_header(keys, message_id, timestamp,
-                                                              body)})
         attempt = row["attempts"] + 1 if scheduled else row["attempts"]
-        with child_span("webhook attempt", {
-                "notifyq.webhook.endpoint_id": str(endpoint_id),
-                "notifyq.webhook.message_id": message_id, "notifyq.webhook.attempt": attempt,
-                "notifyq.webhook.trigger": trigger, "http.request.method": "POST"},
-                client=True) as span:
-            result = await self.client().post(row["url"], headers, body)
-            if span is not None:
-                _traced(span, result)
+        if not keys:
+            result = AttemptResult(0.0, error_kind="invalid", error=(
+                f"endpoint {endpoint_id} has no valid signing secret: rotate its secret"))
+        else:
+            with child_span("webhook attempt", {
+                    "notifyq.webhook.endpoint_id": str(endpoint_id),
+                    "notifyq.webhook.message_id": message_id, "notifyq.webhook.attempt": attempt,
+                    "notifyq.webhook.trigger": trigger, "http.request.method": "POST"},
+                    client=True) as span:
+                result = await self._post(row, keyring, keys, timestamp)
+                if span is not None:
+                    _traced(span, result)
         outcome = (f"{result.status_code // 100}xx" if result.status_code is not None
                    else result.error_kind or "connect")
         webhook_attempt(outcome)
@@ -167,6 +183,44 @@ class Deliverer:
         return await self._record(row, run_id=run_id, trigger=trigger, attempt=attempt,
                                   timestamp=timestamp, result=result, decision=decision)
 
+    async def _post(self, row: dict[str, Any], keyring: Keyring, keys: list[bytes],
+                    timestamp: int) -> AttemptResult:
+        message_id = row["message_id"]
+        body = row["body"].encode()
+        headers = {name: value for name, value in self._custom_headers(row, keyring).items()
+                   if name.lower() not in RESERVED_HEADERS
+                   and not name.lower().startswith("webhook-")}
+        headers.update({"content-type": "application/json", "accept-encoding": "identity",
+                        "user-agent": headers.get("user-agent", USER_AGENT),
+                        "webhook-id": message_id, "webhook-timestamp": str(timestamp),
+                        "webhook-signature": signature_header(keys, message_id, timestamp,
+                                                              body)})
+        return await self.client().post(row["url"], headers, body)
+
+    async def _hold(self, row: dict[str, Any]) -> None:
+        """Raises ``Snooze`` while the endpoint's circuit keeps this delivery back (open, or
+        half-open with another delivery as the probe); returns when it may be sent."""
+        app = self._rt
+        probe_s = app.settings.webhooks.timeout_s + PROBE_MARGIN_S
+        async with (await app.pool()).connection() as conn:
+            state = await (await conn.execute(app.queries.webhook_endpoint_circuit_hold, {
+                "endpoint_id": row["endpoint_id"], "probe_s": probe_s,
+                "now": app.clock.db_now()})).fetchone()
+        if state is None or state["open_until"] is None or state["probe"]:
+            return
+        wait = (state["open_until"] - app.clock.now()).total_seconds()
+        if wait > 0:
+            await self._park(row["endpoint_id"], state["open_until"])
+        log.info("webhook %s to endpoint %s: circuit open; held %.1f s", row["message_id"],
+                 row["endpoint_id"], wait if wait > 0 else probe_s)
+        raise Snooze(wait if wait > 0 else probe_s)
+
+    async def _park(self, endpoint_id: UUID, until: datetime) -> None:
+        app = self._rt
+        async with (await app.pool()).connection() as conn:
+            await conn.execute(app.queries.webhook_delivery_park, {
+                "endpoint_id": endpoint_id, "until": until, "now": app.clock.db_now()})
+
     async def _load_many(self, keys: list[tuple[str, UUID]]) -> list[dict[str, Any] | None]:
         app = self._rt
         async with (await app.pool()).connection() as conn:
@@ -176,16 +230,18 @@ class Deliverer:
         found = {row["ord"]: row for row in rows}
         return [found.get(n) for n in range(1, len(keys) + 1)]
 
-    async def _record_many(self, items: list[dict[str, Any]]) -> list[datetime | None]:
+    async def _record_many(self, items: list[dict[str, Any]]) -> list[_Streak]:
         app = self._rt
         params: dict[str, Any] = {plural: [i[name] for i in items]
                                   for name, plural in _RECORD_COLUMNS.items()}
-        params["now"] = app.clock.db_now()
+        params.update(now=app.clock.db_now(),
+                      breaker_failures=app.settings.webhooks.breaker_failures,
+                      breaker_cooldown_s=app.settings.webhooks.breaker_cooldown_s)
         async with (await app.pool()).connection() as conn:
             rows = await (await conn.execute(app.queries.webhook_attempt_record_many,
                                              params)).fetchall()
-        since = {row["ord"]: row["failing_since"] for row in rows}
-        return [since.get(n) for n in range(1, len(items) + 1)]
+        found = {row["ord"]: (row["failing_since"], row["circuit_open_until"]) for row in rows}
+        return [found.get(n, (None, None)) for n in range(1, len(items) + 1)]
 
     @staticmethod
     def _skip_reason(row: dict[str, Any], scheduled: bool) -> str | None:
@@ -211,8 +267,6 @@ class Deliverer:
                     cache.clear()
                 cache[(secret_id, blob)] = key
             keys.append(key)
-        if not keys:
-            raise Permanent(ValueError(f"endpoint {row['endpoint_id']} has no valid secret"))
         return keys
 
     def _custom_headers(self, row: dict[str, Any], keyring: Keyring) -> dict[str, str]:
@@ -238,14 +292,14 @@ class Deliverer:
         scheduled = trigger == "scheduled"
         now = app.clock.now()
         status = _STATUS_AFTER[decision.kind] if scheduled or result.succeeded else None
+        if not result.succeeded:
+            decision = _after_circuit(decision, _expected_open(row, settings, now), now)
         next_at = None
         if decision.kind == "retry" and decision.delay_s is not None and scheduled:
-            from datetime import timedelta
-
             next_at = now + timedelta(seconds=decision.delay_s)
         outcome = (f"HTTP {result.status_code}" if result.status_code is not None
                    else f"{result.error_kind}: {result.error}")
-        failing_since = await self._records.submit({
+        failing_since, open_until = await self._records.submit({
             "message_id": row["message_id"], "endpoint_id": row["endpoint_id"],
             "run_id": run_id, "trigger": trigger, "attempt": attempt,
             "webhook_timestamp": timestamp, "url": row["url"],
@@ -265,6 +319,11 @@ class Deliverer:
         if disable is not None:
             async with (await app.pool()).connection() as conn:
                 await self._disable(conn, row["endpoint_id"], disable)
+        elif not result.succeeded and open_until is not None and open_until > now:
+            # Open (this failure opened it, or it is a failed probe): the endpoint's other
+            # deliveries wait for the cooldown instead of each taking a slot to fail.
+            await self._park(row["endpoint_id"], open_until)
+            decision = _after_circuit(decision, open_until, now)
         return self._finish(row, result, decision, outcome=outcome, scheduled=scheduled,
                             disabled=disable)
 
@@ -293,6 +352,25 @@ class Deliverer:
             raise Snooze(decision.delay_s)
         raise Permanent(RuntimeError(f"{where} failed: {outcome}"
                                      + (f"; endpoint disabled ({disabled})" if disabled else "")))
+
+
+def _expected_open(row: dict[str, Any], settings: WebhookSettings,
+                   now: datetime) -> datetime | None:
+    """Until when the endpoint's circuit will be open after one more failure, as far as the
+    loaded row tells (the record statement decides; this is what the attempt's
+    ``next_attempt_at`` shows)."""
+    threshold = settings.breaker_failures
+    if threshold and row["consecutive_failures"] + 1 >= threshold:
+        return now + timedelta(seconds=settings.breaker_cooldown_s)
+    opened: datetime | None = row["circuit_open_until"]
+    return opened if opened is not None and opened > now else None
+
+
+def _after_circuit(decision: Decision, open_until: datetime | None, now: datetime) -> Decision:
+    """A retry is not due before the circuit may close."""
+    if decision.kind != "retry" or decision.delay_s is None or open_until is None:
+        return decision
+    return Decision("retry", max(decision.delay_s, (open_until - now).total_seconds()))
 
 
 def _traced(span: Any, result: AttemptResult) -> None:

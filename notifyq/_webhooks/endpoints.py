@@ -4,6 +4,10 @@ A URL is refused when it is not http(s) (or not https with ``webhooks.https_only
 userinfo, is longer than 2,048 characters, or names a blocked address literally (including the
 legacy IPv4 forms ``127.1``, ``2130706433``, ``0x7f000001`` and ``localhost`` names). Hostnames
 are judged again, resolved, at every connection.
+
+URLs and header values are also checked exactly as an attempt will send them
+(:func:`~notifyq._webhooks.client.request_for`): what the transport could not send is refused
+here, with the setting named, instead of failing every delivery.
 """
 
 from __future__ import annotations
@@ -11,13 +15,16 @@ from __future__ import annotations
 import re
 import urllib.parse
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Literal
 from uuid import UUID
 
 from notifyq._errors import InvalidEndpoint
 from notifyq._settings import WebhookSettings
+from notifyq._webhooks.client import Unsendable, header_check, url_for
 from notifyq._webhooks.ssrf import Guard
+
+CircuitState = Literal["closed", "open", "half_open"]
 
 # The limits of webhook endpoints and messages: the one source for these checks and the admin
 # API's schemas. The database states the URL's and (in _send_webhook) the event type's, the
@@ -65,11 +72,20 @@ def check_url(url: str, settings: WebhookSettings) -> str:
         raise InvalidEndpoint("url: must not contain userinfo (user:password@)")
     if not host:
         raise InvalidEndpoint("url: has no host")
+    try:
+        sent_host = url_for(url).host
+    except Unsendable as exc:
+        raise InvalidEndpoint(str(exc)) from None
+    for name in {host, sent_host}:  # each parser's reading of the host must pass the guard
+        _guard(name, settings)
+    return url
+
+
+def _guard(host: str, settings: WebhookSettings) -> None:
     reason = Guard(settings.allowed_networks).check_host(host)
     if reason is not None:
         raise InvalidEndpoint(f"url: {reason}; webhooks only go to public addresses (allow a "
                               "range with webhooks.allowed_networks)")
-    return url
 
 
 def check_headers(headers: dict[str, str] | None) -> dict[str, str]:
@@ -88,6 +104,10 @@ def check_headers(headers: dict[str, str] | None) -> dict[str, str]:
                 or len(value) > MAX_HEADER_VALUE_LEN):
             raise InvalidEndpoint(f"headers: the value of {name} must be a single-line string "
                                   f"of at most {MAX_HEADER_VALUE_LEN} characters")
+        try:
+            header_check(name, value)
+        except Unsendable as exc:
+            raise InvalidEndpoint(str(exc)) from None
         out[name] = value
     return out
 
@@ -122,26 +142,41 @@ class Endpoint:
     secret: str | None = None
     tenant_id: str | None = None
     """The tenant it belongs to (None: none), set at creation: see ``api.tokens[].tenants``."""
+    consecutive_failures: int = 0
+    """Failed attempts since the last success (the circuit breaker's count)."""
+    circuit_open_until: datetime | None = None
+    """Until when the circuit breaker parks the endpoint's deliveries (None: closed)."""
 
     @property
     def enabled(self) -> bool:
         return self.disabled_at is None
+
+    def circuit_state(self, now: datetime | None = None) -> CircuitState:
+        """``closed``; ``open`` until ``circuit_open_until``; then ``half_open``: the next
+        delivery is a probe whose outcome closes or opens it again."""
+        if self.circuit_open_until is None:
+            return "closed"
+        return "open" if self.circuit_open_until > (now or datetime.now(UTC)) else "half_open"
 
     @classmethod
     def from_row(cls, row: dict[str, Any], secret: str | None = None) -> Endpoint:
         return cls(row["id"], row["url"], row["description"], row["event_types"],
                    dict(row["headers"] or {}), row["disabled_at"], row["disabled_reason"],
                    row["failing_since"], row["created_at"], row["updated_at"],
-                   int(row.get("valid_secrets") or 0), secret, row.get("tenant_id"))
+                   int(row.get("valid_secrets") or 0), secret, row.get("tenant_id"),
+                   int(row.get("consecutive_failures") or 0), row.get("circuit_open_until"))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, now: datetime | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": str(self.id), "url": self.url, "description": self.description,
             "event_types": self.event_types, "headers": self.headers, "enabled": self.enabled,
             "disabled_at": _iso(self.disabled_at), "disabled_reason": self.disabled_reason,
             "failing_since": _iso(self.failing_since), "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at), "valid_secrets": self.valid_secrets,
-            "tenant_id": self.tenant_id}
+            "tenant_id": self.tenant_id,
+            "circuit": {"state": self.circuit_state(now),
+                        "consecutive_failures": self.consecutive_failures,
+                        "open_until": _iso(self.circuit_open_until)}}
         if self.secret is not None:
             out["secret"] = self.secret
         return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query, Response
@@ -75,6 +75,14 @@ class EndpointPatch(_In):
     enabled: bool | None = None
 
 
+class CircuitOut(BaseModel):
+    state: Literal["closed", "open", "half_open"] = Field(description=(
+        "open: deliveries are parked until open_until; half_open: the next delivery is a "
+        "probe that closes or reopens it"))
+    consecutive_failures: int
+    open_until: datetime | None
+
+
 class EndpointOut(BaseModel):
     id: UUID
     url: str
@@ -89,6 +97,7 @@ class EndpointOut(BaseModel):
     updated_at: datetime
     valid_secrets: int
     tenant_id: str | None = None
+    circuit: CircuitOut
     secret: str | None = Field(None, description="only in the answer to create and "
                                                  "rotate-secret: store it now")
 

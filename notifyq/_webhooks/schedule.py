@@ -6,7 +6,8 @@ decision into :class:`~notifyq._errors.Snooze` (the run's own attempt counter is
 
 - 2xx: ``succeeded``.
 - 410 Gone: ``gone`` (the endpoint is disabled and its pending deliveries stop).
-- a status in ``permanent_statuses``, or the schedule is used up: ``failed``.
+- a status in ``permanent_statuses``, a request that could not be sent at all (error kind
+  ``invalid``), or the schedule is used up: ``failed``.
 - anything else (3xx, other 4xx, 5xx, network errors): ``retry`` after the next delay of
   ``retry_schedule_s``, spread by ±``jitter``; never before a ``Retry-After`` (capped at
   ``retry_after_max_s``); at least ``throttled_min_s`` after a 429 or a timeout.
@@ -44,6 +45,8 @@ def decide(result: AttemptResult, attempt: int, settings: WebhookSettings, now: 
     if status == GONE:
         return Decision("gone")
     if status is not None and status in settings.permanent_statuses:
+        return Decision("failed")
+    if result.error_kind == "invalid":  # the same request would be refused again
         return Decision("failed")
     schedule = settings.retry_schedule_s
     if attempt >= len(schedule):

@@ -55,6 +55,8 @@ T = TypeVar("T")
 
 DELIVER = "webhook.deliver"
 POOL = "webhooks"
+ENDPOINT_KEY = "webhook:{endpoint_id}"
+"""The concurrency key of a delivery run: one per endpoint (``webhooks.endpoint_concurrency``)."""
 SECRET_TABLE = "webhook_secret"  # noqa: S105 - a table name
 ENDPOINT_TABLE = "webhook_endpoint"
 ATTEMPTS_LISTED = 1000
@@ -422,7 +424,9 @@ def _row_of(endpoint: Endpoint) -> dict[str, Any]:
             "event_types": endpoint.event_types, "headers": endpoint.headers,
             "disabled_at": endpoint.disabled_at, "disabled_reason": endpoint.disabled_reason,
             "failing_since": endpoint.failing_since, "created_at": endpoint.created_at,
-            "updated_at": endpoint.updated_at, "valid_secrets": endpoint.valid_secrets}
+            "updated_at": endpoint.updated_at, "valid_secrets": endpoint.valid_secrets,
+            "consecutive_failures": endpoint.consecutive_failures,
+            "circuit_open_until": endpoint.circuit_open_until}
 
 
 def _uuid(value: UUID | str) -> UUID:

@@ -48,8 +48,9 @@ def _attempt(message_id: str, endpoint_id: Any, *, succeeded: bool, status: str 
 
 
 def _record_many(db: Conn, q: Queries, attempts: list[dict[str, Any]],
-                 now: Any) -> list[Any]:
-    """Each attempt's failing_since, in order."""
+                 now: Any, *, breaker_failures: int = 0,
+                 breaker_cooldown_s: float = 60.0) -> list[Any]:
+    """Each attempt's failing_since, in order (the circuit breaker off unless given)."""
     columns = {"message_id": "message_ids", "endpoint_id": "endpoint_ids",
                "run_id": "run_ids", "trigger": "triggers", "attempt": "attempts",
                "webhook_timestamp": "webhook_timestamps", "url": "urls",
@@ -60,7 +61,9 @@ def _record_many(db: Conn, q: Queries, attempts: list[dict[str, Any]],
                "counted": "counted", "succeeded": "succeeded"}
     params: dict[str, Any] = {plural: [a[name] for a in attempts]
                               for name, plural in columns.items()}
-    rows = db.execute(q.webhook_attempt_record_many, {**params, "now": now}).fetchall()
+    rows = db.execute(q.webhook_attempt_record_many, {
+        **params, "now": now, "breaker_failures": breaker_failures,
+        "breaker_cooldown_s": breaker_cooldown_s}).fetchall()
     assert sorted(r["ord"] for r in rows) == list(range(1, len(attempts) + 1))
     return [r["failing_since"] for r in sorted(rows, key=lambda r: r["ord"])]
 

@@ -20,12 +20,13 @@ LOOPBACK = ["127.0.0.0/8", "::1/128"]
 
 
 def webhook_settings(dsn: str, **webhooks: Any) -> Settings:
-    """Keys, the loopback allowlist and a short retry schedule (tests only)."""
+    """Keys, the loopback allowlist and a short retry schedule (tests only); the circuit
+    breaker is off unless a test is about it (most tests fail an endpoint on purpose)."""
     return fast_settings(
         dsn, keys=f"1:{vault.b64(vault.KEY1)}", active_key_version=1,
         webhooks={"allowed_networks": LOOPBACK, "retry_schedule_s": [0, 0.1, 0.1],
                   "timeout_s": 2.0, "connect_timeout_s": 1.0, "throttled_min_s": 60.0,
-                  **webhooks})
+                  "breaker_failures": 0, **webhooks})
 
 
 @pytest.fixture
