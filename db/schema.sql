@@ -283,7 +283,8 @@ DECLARE
     claimed   integer;
     remaining integer := p_limit;
     types_paused boolean;
-    live      timestamptz[];
+    used      integer;
+    step      bigint;
 BEGIN
     IF EXISTS (SELECT FROM pause WHERE kind = 'pool' AND name = p_pool) THEN
         RETURN;
@@ -365,12 +366,10 @@ BEGIN
         IF k.lim IS NULL THEN
             -- The type's limit was removed: its queued runs go at the pace of free slots.
             free := remaining;
-            live := '{}';
         ELSE
-            SELECT coalesce(array_agg(s ORDER BY s), '{}') INTO live
-            FROM rate_window w, unnest(w.starts) AS s
-            WHERE w.key = k.key AND s > now_ - make_interval(secs => k.period_s);
-            free := least(k.lim - cardinality(live), remaining);
+            SELECT coalesce(_rate_used(w.buckets, w.counts, k.period_s, now_), 0) INTO used
+            FROM rate_window w WHERE w.key = k.key;
+            free := least(k.lim - coalesce(used, 0), remaining);
         END IF;
         CONTINUE WHEN free <= 0;
         RETURN QUERY
@@ -396,13 +395,23 @@ BEGIN
         GET DIAGNOSTICS claimed = ROW_COUNT;
         remaining := remaining - claimed;
         IF claimed > 0 AND k.lim IS NOT NULL THEN
-            INSERT INTO rate_window AS w (key, pool, rate_limit, period_s, starts, updated_at)
-            VALUES (k.key, p_pool, k.lim, k.period_s,
-                    live || array_fill(now_, ARRAY[claimed]), now_)
+            -- Add the starts to the current step; forget the steps the window has left.
+            step := _rate_step(now_, k.period_s);
+            INSERT INTO rate_window AS w (key, pool, rate_limit, period_s, buckets, counts,
+                                          updated_at)
+            VALUES (k.key, p_pool, k.lim, k.period_s, ARRAY[step], ARRAY[claimed], now_)
             ON CONFLICT (key) DO UPDATE
             SET pool = excluded.pool, rate_limit = excluded.rate_limit,
-                period_s = excluded.period_s, starts = excluded.starts,
-                updated_at = excluded.updated_at;
+                period_s = excluded.period_s, updated_at = excluded.updated_at,
+                (buckets, counts) = (
+                    SELECT coalesce(array_agg(b ORDER BY b), '{}'),
+                           coalesce(array_agg(c ORDER BY b), '{}')
+                    FROM (SELECT b, sum(c)::integer AS c
+                          FROM (SELECT * FROM unnest(w.buckets, w.counts) AS x(b, c)
+                                WHERE b >= _rate_step(now_ - make_interval(secs => k.period_s),
+                                                      k.period_s)
+                                UNION ALL SELECT step, claimed) y
+                          GROUP BY b) z);
         END IF;
     END LOOP;
 END
@@ -633,6 +642,38 @@ CREATE FUNCTION notifyq._rate_key(p_job_type text, p_template text, p_input json
     AS $$
     SELECT CASE WHEN p_template IS NULL THEN 'type:' || p_job_type
                 ELSE _expand_template(p_template, p_input) END
+$$;
+
+--
+-- Name: _rate_next_start(bigint[], double precision, timestamp with time zone); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._rate_next_start(buckets bigint[], period_s double precision, now timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT to_timestamp((min(b) + 1) * (period_s / 20) + period_s) FROM unnest(buckets) AS b
+    WHERE b >= floor(extract(epoch FROM now - make_interval(secs => period_s))
+                     / (period_s / 20))::bigint
+$$;
+
+--
+-- Name: _rate_step(timestamp with time zone, double precision); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._rate_step(t timestamp with time zone, period_s double precision) RETURNS bigint
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT floor(extract(epoch FROM t) / (period_s / 20))::bigint $$;
+
+--
+-- Name: _rate_used(bigint[], integer[], double precision, timestamp with time zone); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._rate_used(buckets bigint[], counts integer[], period_s double precision, now timestamp with time zone) RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT coalesce(sum(c), 0)::integer FROM unnest(buckets, counts) AS x(b, c)
+    WHERE b >= floor(extract(epoch FROM now - make_interval(secs => period_s))
+                     / (period_s / 20))::bigint
 $$;
 
 --
@@ -1030,7 +1071,8 @@ CREATE TABLE notifyq.rate_window (
     pool text NOT NULL,
     rate_limit integer NOT NULL,
     period_s double precision NOT NULL,
-    starts timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[] NOT NULL,
+    buckets bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    counts integer[] DEFAULT '{}'::integer[] NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL
 );
 

@@ -6,11 +6,15 @@
 -- the keyed claim (_claim_keyed, which the worker already runs for concurrency keys) claims
 -- them per key while the key's window has room. A claim counts as a start, a retry too.
 --
--- The window is exact (a sliding log, not fixed buckets): `rate_window.starts` holds the start
--- times still inside the window, oldest first, so a key can never start more than its limit in
--- any period-long interval. The log is as long as the limit (at most 10,000 timestamps; the
--- job definition's CHECK). Workers serialise on a key with a transaction-scoped advisory lock
--- and skip a key another worker holds, so a busy key never stalls the rest of the claim.
+-- The window slides in 20 steps: `rate_window` counts a key's starts per twentieth of its
+-- period (`buckets`, `counts`), and a claim counts every step that overlaps the last period, so
+-- no period-long interval ever sees more than the limit (a start may wait up to a twentieth of
+-- the period longer than an exact log would allow). The state is at most 21 pairs of numbers
+-- whatever the limit: a log of start times measured 568 us of server CPU per run at 900 runs
+-- a second (its array, rewritten and TOASTed at every claim); the steps measured the same
+-- (the keyed claim's round trip and statements dominate: CHANGELOG), and cost O(1). Workers
+-- serialise on a key with a transaction-scoped advisory lock and skip a key another worker
+-- holds, so a busy key never stalls the rest of the claim.
 ALTER TABLE job ADD COLUMN rate_limit integer CHECK (rate_limit BETWEEN 1 AND 10000),
                 ADD COLUMN rate_period_s double precision
                     CHECK (rate_period_s > 0 AND rate_period_s <= 86400),
@@ -20,12 +24,39 @@ ALTER TABLE job ADD COLUMN rate_limit integer CHECK (rate_limit BETWEEN 1 AND 10
 
 ALTER TABLE job_run ADD COLUMN rate_key text CHECK (length(rate_key) <= 2048);
 
+-- The step a start at `t` falls in, for a period of `period_s`: a twentieth of the period.
+CREATE FUNCTION _rate_step(t timestamptz, period_s double precision) RETURNS bigint
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT floor(extract(epoch FROM t) / (period_s / 20))::bigint $$;
+
+-- The starts a window holds at `now`: those of the steps that overlap (now - period, now]
+-- (_rate_step's expression written out, and no SET clause: so the planner can inline it).
+CREATE FUNCTION _rate_used(buckets bigint[], counts integer[], period_s double precision,
+                           now timestamptz) RETURNS integer
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT coalesce(sum(c), 0)::integer FROM unnest(buckets, counts) AS x(b, c)
+    WHERE b >= floor(extract(epoch FROM now - make_interval(secs => period_s))
+                     / (period_s / 20))::bigint
+$$;
+
+-- When a full window has room again: once its oldest counted step leaves the period.
+CREATE FUNCTION _rate_next_start(buckets bigint[], period_s double precision, now timestamptz)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT to_timestamp((min(b) + 1) * (period_s / 20) + period_s) FROM unnest(buckets) AS b
+    WHERE b >= floor(extract(epoch FROM now - make_interval(secs => period_s))
+                     / (period_s / 20))::bigint
+$$;
+
 CREATE TABLE rate_window (
     key        text PRIMARY KEY,
     pool       text NOT NULL,
     rate_limit integer NOT NULL,
     period_s   double precision NOT NULL,
-    starts     timestamptz[] NOT NULL DEFAULT '{}',
+    buckets    bigint[] NOT NULL DEFAULT '{}',
+    counts     integer[] NOT NULL DEFAULT '{}',
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
@@ -132,7 +163,8 @@ DECLARE
     claimed   integer;
     remaining integer := p_limit;
     types_paused boolean;
-    live      timestamptz[];
+    used      integer;
+    step      bigint;
 BEGIN
     IF EXISTS (SELECT FROM pause WHERE kind = 'pool' AND name = p_pool) THEN
         RETURN;
@@ -214,12 +246,10 @@ BEGIN
         IF k.lim IS NULL THEN
             -- The type's limit was removed: its queued runs go at the pace of free slots.
             free := remaining;
-            live := '{}';
         ELSE
-            SELECT coalesce(array_agg(s ORDER BY s), '{}') INTO live
-            FROM rate_window w, unnest(w.starts) AS s
-            WHERE w.key = k.key AND s > now_ - make_interval(secs => k.period_s);
-            free := least(k.lim - cardinality(live), remaining);
+            SELECT coalesce(_rate_used(w.buckets, w.counts, k.period_s, now_), 0) INTO used
+            FROM rate_window w WHERE w.key = k.key;
+            free := least(k.lim - coalesce(used, 0), remaining);
         END IF;
         CONTINUE WHEN free <= 0;
         RETURN QUERY
@@ -245,13 +275,23 @@ BEGIN
         GET DIAGNOSTICS claimed = ROW_COUNT;
         remaining := remaining - claimed;
         IF claimed > 0 AND k.lim IS NOT NULL THEN
-            INSERT INTO rate_window AS w (key, pool, rate_limit, period_s, starts, updated_at)
-            VALUES (k.key, p_pool, k.lim, k.period_s,
-                    live || array_fill(now_, ARRAY[claimed]), now_)
+            -- Add the starts to the current step; forget the steps the window has left.
+            step := _rate_step(now_, k.period_s);
+            INSERT INTO rate_window AS w (key, pool, rate_limit, period_s, buckets, counts,
+                                          updated_at)
+            VALUES (k.key, p_pool, k.lim, k.period_s, ARRAY[step], ARRAY[claimed], now_)
             ON CONFLICT (key) DO UPDATE
             SET pool = excluded.pool, rate_limit = excluded.rate_limit,
-                period_s = excluded.period_s, starts = excluded.starts,
-                updated_at = excluded.updated_at;
+                period_s = excluded.period_s, updated_at = excluded.updated_at,
+                (buckets, counts) = (
+                    SELECT coalesce(array_agg(b ORDER BY b), '{}'),
+                           coalesce(array_agg(c ORDER BY b), '{}')
+                    FROM (SELECT b, sum(c)::integer AS c
+                          FROM (SELECT * FROM unnest(w.buckets, w.counts) AS x(b, c)
+                                WHERE b >= _rate_step(now_ - make_interval(secs => k.period_s),
+                                                      k.period_s)
+                                UNION ALL SELECT step, claimed) y
+                          GROUP BY b) z);
         END IF;
     END LOOP;
 END

@@ -158,9 +158,10 @@ WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 SELECT extract(epoch FROM least(
            (SELECT min(run_at) FROM {schema}.job_run, n
             WHERE status = 'pending' AND pool = %(pool)s AND run_at > n.now),
-           (SELECT min(w.starts[1] + make_interval(secs => w.period_s)) FROM {schema}.rate_window w, n
-            WHERE w.pool = %(pool)s AND cardinality(w.starts) >= w.rate_limit
-              AND w.starts[1] + make_interval(secs => w.period_s) > n.now)
+           (SELECT min({schema}._rate_next_start(w.buckets, w.period_s, n.now))
+            FROM {schema}.rate_window w, n
+            WHERE w.pool = %(pool)s
+              AND {schema}._rate_used(w.buckets, w.counts, w.period_s, n.now) >= w.rate_limit)
        ) - n.now)::float8 AS delay_s
 FROM n
 

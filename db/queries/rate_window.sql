@@ -6,18 +6,16 @@
 -- backlog, and when the next run may start (NULL: now, the window has room).
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 w AS (
-    SELECT w.key, w.pool, w.rate_limit, w.period_s,
-           array(SELECT s FROM unnest(w.starts) AS s
-                 WHERE s > n.now - make_interval(secs => w.period_s) ORDER BY s) AS live
+    SELECT w.key, w.pool, w.rate_limit, w.period_s, w.buckets, n.now,
+           {schema}._rate_used(w.buckets, w.counts, w.period_s, n.now) AS in_window
     FROM {schema}.rate_window w, n
 )
-SELECT w.key, w.pool, w.rate_limit, w.period_s, cardinality(w.live) AS in_window,
-       (SELECT count(*) FROM {schema}.job_run j, n
+SELECT w.key, w.pool, w.rate_limit, w.period_s, w.in_window,
+       (SELECT count(*) FROM {schema}.job_run j
         WHERE j.status = 'pending' AND j.pool = w.pool AND j.rate_key = w.key
-          AND j.run_at <= n.now) AS runnable,
-       CASE WHEN cardinality(w.live) >= w.rate_limit
-            THEN w.live[cardinality(w.live) - w.rate_limit + 1]
-                 + make_interval(secs => w.period_s) END AS next_start_at
+          AND j.run_at <= w.now) AS runnable,
+       CASE WHEN w.in_window >= w.rate_limit
+            THEN {schema}._rate_next_start(w.buckets, w.period_s, w.now) END AS next_start_at
 FROM w
 ORDER BY w.key
 LIMIT %(limit)s

@@ -58,13 +58,15 @@ def test_a_rate_limited_type_starts_at_most_its_limit_per_sliding_window(
     assert claim_keyed(db, q, T0 + timedelta(seconds=5)) == []  # window full
     # The plain claim never takes them, whatever the window says.
     assert claim(db, q, T0 + timedelta(seconds=30), limit=10) == []
-    # Sliding, not fixed buckets: at +10 s the three starts of T0 leave the window.
-    assert len(claim_keyed(db, q, T0 + timedelta(seconds=10, microseconds=1))) == 3
-    assert claim_keyed(db, q, T0 + timedelta(seconds=19)) == []
+    # Sliding in steps of a twentieth of the period (0.5 s): the three starts of T0 count until
+    # their step has left the last 10 s, at +10.5 s; not a fixed 10 s bucket.
+    assert claim_keyed(db, q, T0 + timedelta(seconds=10, microseconds=1)) == []
+    assert len(claim_keyed(db, q, T0 + timedelta(seconds=10.5))) == 3
+    assert claim_keyed(db, q, T0 + timedelta(seconds=20)) == []
     assert len(claim_keyed(db, q, T0 + timedelta(seconds=21))) == 2  # what is left
-    window = db.execute("SELECT rate_limit, period_s, cardinality(starts) AS n "
-                        "FROM notifyq.rate_window").fetchone()
-    assert window == {"rate_limit": 3, "period_s": 10.0, "n": 2}
+    # The state: counts per step still inside the window, nothing older.
+    window = db.execute("SELECT rate_limit, period_s, counts FROM notifyq.rate_window").fetchone()
+    assert window == {"rate_limit": 3, "period_s": 10.0, "counts": [2]}
 
 
 def test_the_window_counts_each_start_so_a_partial_claim_leaves_the_rest_for_later(
@@ -75,8 +77,8 @@ def test_the_window_counts_each_start_so_a_partial_claim_leaves_the_rest_for_lat
     assert len(claim_keyed(db, q, T0, limit=1)) == 1
     assert len(claim_keyed(db, q, T0 + timedelta(seconds=4))) == 3  # 4 in the window now
     assert claim_keyed(db, q, T0 + timedelta(seconds=9)) == []
-    # At +10 s only the first start has left: one more, not four.
-    assert len(claim_keyed(db, q, T0 + timedelta(seconds=10, microseconds=1))) == 1
+    # Once T0's step has left (+10.5 s) only the first start is gone: one more, not four.
+    assert len(claim_keyed(db, q, T0 + timedelta(seconds=10.5))) == 1
 
 
 def test_template_keys_limit_each_key_on_its_own(db: Conn, q: Queries) -> None:
@@ -122,7 +124,7 @@ def test_the_idle_producer_wakes_when_a_full_window_has_room_again(db: Conn, q: 
     delay = db.execute(q.job_run_next_run_at, {"pool": "default",
                                                "now": T0 + timedelta(seconds=4)}).fetchone()
     assert delay is not None
-    assert abs(delay["delay_s"] - 6.0) < 1e-6
+    assert abs(delay["delay_s"] - 6.5) < 1e-6  # T0's step leaves the window at +10.5 s
 
 
 def test_runs_of_a_type_whose_limit_was_removed_are_claimed_freely(db: Conn, q: Queries) -> None:
@@ -170,8 +172,8 @@ def test_the_window_listing_and_pruning(db: Conn, q: Queries) -> None:
                                                "limit": 10}).fetchall()
     assert listed == {"key": "type:t.rated", "pool": "default", "rate_limit": 2,
                       "period_s": 10.0, "in_window": 2, "runnable": 1,
-                      "next_start_at": T0 + timedelta(seconds=10)}
-    [later] = db.execute(q.rate_window_list, {"now": T0 + timedelta(seconds=11),
+                      "next_start_at": T0 + timedelta(seconds=10.5)}
+    [later] = db.execute(q.rate_window_list, {"now": T0 + timedelta(seconds=10.5),
                                               "limit": 10}).fetchall()
     assert (later["in_window"], later["next_start_at"]) == (0, None)
     # Pruned only once every start has left the window.
