@@ -297,14 +297,14 @@ BEGIN
 END
 $$;
 
--- The fair claim (worker.fair_pools), called by job_run_finish_and_claim in place of its plain
--- claim. The pool's tenants come from a skip scan of job_run_claim_fair_idx (one index probe per
+-- The fair claim (worker.fair_pools): a fair pool's worker calls it (job_run_claim_fair) before
+-- job_run_finish_and_claim, which then claims nothing more. The pool's tenants come from a skip scan of job_run_claim_fair_idx (one index probe per
 -- tenant, however long a tenant's backlog); each tenant's head run is found the same way, and
 -- the `p_limit` tenants with the best heads (priority, then oldest) get an even share of the
 -- batch (rounded down, at least one); what the shares leave of the batch is claimed in the
 -- plain order. With more tenants than the batch, the tenants whose heads waited longest go
--- first, and the others' turn comes as their heads age. A plpgsql function so the hot
--- statement's planning stays as cheap as it was (its plain claim is unchanged).
+-- first, and the others' turn comes as their heads age. Its own statement, so the hot
+-- statement's plain claim stays as it was (see job_run_claim_fair).
 CREATE FUNCTION _claim_fair(p_pool text, p_limit integer, p_worker_id text,
                             p_lease_s double precision, p_now timestamptz)
 RETURNS SETOF job_run

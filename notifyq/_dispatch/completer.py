@@ -225,7 +225,12 @@ class Completer:
                     "now": params["now"], "pool": claim.pool, "limit": claim.want,
                     "worker_id": self._worker_id, "lease_s": self._lease_s})).fetchall()
                 rows = [{**row, "claimed": True} for row in keyed]
-            params.update(pool=claim.pool, limit=claim.want - len(rows), fair=claim.fair)
+            if claim.fair and claim.want > len(rows):
+                fair = await (await conn.execute(self._q.job_run_claim_fair, {
+                    "now": params["now"], "pool": claim.pool, "limit": claim.want - len(rows),
+                    "worker_id": self._worker_id, "lease_s": self._lease_s})).fetchall()
+                rows += [{**row, "claimed": True} for row in fair]
+            params.update(pool=claim.pool, limit=claim.want - len(rows))
         if params["limit"] or params["ids"]:
             cur = await conn.execute(self._q.job_run_finish_and_claim, params)
             rows += await cur.fetchall()
@@ -247,6 +252,6 @@ class Completer:
             "wait_kinds": [i.outcome.wait_kind for i in writes],
             "wait_tokens": [i.outcome.wait_token for i in writes],
             "waiting_ons": [i.outcome.waiting_on for i in writes],
-            "pool": "", "limit": 0, "fair": False, "worker_id": self._worker_id,
+            "pool": "", "limit": 0, "worker_id": self._worker_id,
             "lease_s": self._lease_s,
         }

@@ -57,15 +57,13 @@ def no_waits(n: int) -> dict[str, list[None]]:
     return {"wait_kinds": [None] * n, "wait_tokens": [None] * n, "waiting_ons": [None] * n}
 
 
-NO_CLAIM: dict[str, Any] = {"pool": "default", "limit": 0, "worker_id": None, "lease_s": 0.0,
-                            "fair": False}
+NO_CLAIM: dict[str, Any] = {"pool": "default", "limit": 0, "worker_id": None, "lease_s": 0.0}
 """job_run_finish_and_claim's claim parameters for a statement that only writes back."""
 
 NO_WRITES: dict[str, Any] = {
     "ids": [], "fences": [], "statuses": [], "outputs": [], "errors": [], "run_ats": [],
-    "refunds": [], **no_waits(0), "fair": False}
-"""job_run_finish_and_claim's write-back parameters for a statement that only claims (in the
-plain claim mode)."""
+    "refunds": [], **no_waits(0)}
+"""job_run_finish_and_claim's write-back parameters for a statement that only claims."""
 
 
 DEFINITION = {"version": 1, "pool": "default", "priority": 0, "max_attempts": 25,

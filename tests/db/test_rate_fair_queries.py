@@ -13,7 +13,7 @@ from notifyq._db.queries import Queries
 from notifyq._enqueue.ids import new_run_ids
 from notifyq._enqueue.request import EnqueueRequest
 from tests.db.conftest import T0
-from tests.db.helpers import DEFINITION, NO_WRITES, Conn, claim, enqueue, insert_one
+from tests.db.helpers import DEFINITION, Conn, claim, enqueue, insert_one
 
 
 def register(db: Conn, q: Queries, job_type: str, **definition: Any) -> None:
@@ -26,9 +26,8 @@ def claim_keyed(db: Conn, q: Queries, now: Any, limit: int = 100) -> list[dict[s
 
 
 def claim_fair(db: Conn, q: Queries, limit: int) -> list[dict[str, Any]]:
-    return db.execute(q.job_run_finish_and_claim, {
-        **NO_WRITES, "now": T0, "pool": "default", "limit": limit, "worker_id": "w",
-        "lease_s": 30.0, "fair": True}).fetchall()
+    return db.execute(q.job_run_claim_fair, {"now": T0, "pool": "default", "limit": limit,
+                                             "worker_id": "w", "lease_s": 30.0}).fetchall()
 
 
 def insert_ones(db: Conn, q: Queries, job_type: str, n: int, input: Any = None) -> None:
