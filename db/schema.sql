@@ -193,16 +193,16 @@ BEGIN
     END IF;
     types_paused := EXISTS (SELECT FROM pause WHERE kind = 'type');
     WITH RECURSIVE t(tenant) AS (
-        (SELECT coalesce(tenant_id, '') FROM job_run
+        (SELECT tenant_id FROM job_run
          WHERE status = 'pending' AND pool = p_pool
-           AND concurrency_key IS NULL AND rate_key IS NULL
-         ORDER BY coalesce(tenant_id, '') LIMIT 1)
+           AND concurrency_key IS NULL AND rate_key IS NULL AND tenant_id IS NOT NULL
+         ORDER BY tenant_id LIMIT 1)
         UNION ALL
-        SELECT (SELECT coalesce(tenant_id, '') FROM job_run
+        SELECT (SELECT tenant_id FROM job_run
                 WHERE status = 'pending' AND pool = p_pool
                   AND concurrency_key IS NULL AND rate_key IS NULL
-                  AND coalesce(tenant_id, '') > t.tenant
-                ORDER BY coalesce(tenant_id, '') LIMIT 1)
+                  AND tenant_id IS NOT NULL AND tenant_id > t.tenant
+                ORDER BY tenant_id LIMIT 1)
         FROM t WHERE t.tenant IS NOT NULL
     )
     SELECT array_agg(heads.tenant ORDER BY heads.priority, heads.run_at, heads.id) INTO tenants
@@ -213,7 +213,7 @@ BEGIN
             SELECT j.priority, j.run_at, j.id FROM job_run j
             WHERE j.status = 'pending' AND j.pool = p_pool AND j.run_at <= now_
               AND j.concurrency_key IS NULL AND j.rate_key IS NULL
-              AND coalesce(j.tenant_id, '') = t.tenant
+              AND j.tenant_id = t.tenant
               AND (NOT types_paused
                    OR NOT EXISTS (SELECT FROM pause p
                                   WHERE p.kind = 'type' AND p.name = j.job_type))
@@ -233,7 +233,7 @@ BEGIN
         SELECT j.id FROM job_run j
         WHERE j.status = 'pending' AND j.pool = p_pool AND j.run_at <= now_
           AND j.concurrency_key IS NULL AND j.rate_key IS NULL
-          AND coalesce(j.tenant_id, '') = u.tenant
+          AND j.tenant_id = u.tenant
           AND (NOT types_paused
                OR NOT EXISTS (SELECT FROM pause p WHERE p.kind = 'type' AND p.name = j.job_type))
         ORDER BY j.priority, j.run_at, j.id
@@ -1390,7 +1390,7 @@ ALTER TABLE ONLY notifyq.worker
 -- Name: job_run_claim_fair_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
-CREATE INDEX job_run_claim_fair_idx ON notifyq.job_run USING btree (pool, COALESCE(tenant_id, ''::text), priority, run_at, id) WHERE ((status = 'pending'::text) AND (concurrency_key IS NULL) AND (rate_key IS NULL));
+CREATE INDEX job_run_claim_fair_idx ON notifyq.job_run USING btree (pool, tenant_id, priority, run_at, id) WHERE ((status = 'pending'::text) AND (concurrency_key IS NULL) AND (rate_key IS NULL) AND (tenant_id IS NOT NULL));
 
 --
 -- Name: job_run_claim_idx; Type: INDEX; Schema: notifyq; Owner: -

@@ -104,8 +104,9 @@ class WorkerSettings(_Section):
 
     fair_pools: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Pools claimed fairly across tenants: each claim takes an even share of its batch from
-    every tenant with runnable runs (runs without a tenant are one more), so one tenant's
-    backlog cannot hold back another's runs. Costs the claim about one index probe per tenant.
+    every tenant with runnable runs (runs without a tenant get what the shares leave), so one
+    tenant's backlog cannot hold back another's runs. Costs a second statement per claim and
+    about one index probe per tenant.
     Defaults to [] (every pool claims best priority, then oldest first)."""
 
     @field_validator("pools", "fair_pools", mode="before")

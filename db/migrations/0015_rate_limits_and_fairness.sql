@@ -71,10 +71,11 @@ CREATE INDEX job_run_claim_rated_idx ON job_run (pool, rate_key, priority, run_a
 
 -- Fair claiming (worker.fair_pools): the plain runs of a pool by tenant, so the claim finds
 -- each tenant's next run with one index probe (a skip scan over the tenants) however long
--- another tenant's backlog is. Runs without a tenant form one group ('').
-CREATE INDEX job_run_claim_fair_idx
-    ON job_run (pool, (coalesce(tenant_id, '')), priority, run_at, id)
-    WHERE status = 'pending' AND concurrency_key IS NULL AND rate_key IS NULL;
+-- another tenant's backlog is. Only runs with a tenant are in it: the index costs the others
+-- nothing (with every plain run in it, bulk enqueue measured 8 % slower).
+CREATE INDEX job_run_claim_fair_idx ON job_run (pool, tenant_id, priority, run_at, id)
+    WHERE status = 'pending' AND concurrency_key IS NULL AND rate_key IS NULL
+      AND tenant_id IS NOT NULL;
 
 -- _enqueue (0007's, unchanged) becomes _enqueue_row; _enqueue now also gives a run of a
 -- rate-limited type its rate key. Only such runs pay the second write. Rate limits and
@@ -298,13 +299,14 @@ END
 $$;
 
 -- The fair claim (worker.fair_pools): a fair pool's worker calls it (job_run_claim_fair) before
--- job_run_finish_and_claim, which then claims nothing more. The pool's tenants come from a skip scan of job_run_claim_fair_idx (one index probe per
--- tenant, however long a tenant's backlog); each tenant's head run is found the same way, and
--- the `p_limit` tenants with the best heads (priority, then oldest) get an even share of the
--- batch (rounded down, at least one); what the shares leave of the batch is claimed in the
--- plain order. With more tenants than the batch, the tenants whose heads waited longest go
--- first, and the others' turn comes as their heads age. Its own statement, so the hot
--- statement's plain claim stays as it was (see job_run_claim_fair).
+-- job_run_finish_and_claim, which then claims nothing more. The pool's tenants come from a skip
+-- scan of job_run_claim_fair_idx (one index probe per tenant, however long a tenant's backlog);
+-- each tenant's head run is found the same way, and the `p_limit` tenants with the best heads
+-- (priority, then oldest) get an even share of the batch (rounded down, at least one); what the
+-- shares leave of the batch is claimed in the plain order, runs without a tenant included. With
+-- more tenants than the batch, the tenants whose heads waited longest go first, and the others'
+-- turn comes as their heads age. Its own statement, so the hot statement's plain claim stays as
+-- it was (see job_run_claim_fair).
 CREATE FUNCTION _claim_fair(p_pool text, p_limit integer, p_worker_id text,
                             p_lease_s double precision, p_now timestamptz)
 RETURNS SETOF job_run
@@ -324,16 +326,16 @@ BEGIN
     END IF;
     types_paused := EXISTS (SELECT FROM pause WHERE kind = 'type');
     WITH RECURSIVE t(tenant) AS (
-        (SELECT coalesce(tenant_id, '') FROM job_run
+        (SELECT tenant_id FROM job_run
          WHERE status = 'pending' AND pool = p_pool
-           AND concurrency_key IS NULL AND rate_key IS NULL
-         ORDER BY coalesce(tenant_id, '') LIMIT 1)
+           AND concurrency_key IS NULL AND rate_key IS NULL AND tenant_id IS NOT NULL
+         ORDER BY tenant_id LIMIT 1)
         UNION ALL
-        SELECT (SELECT coalesce(tenant_id, '') FROM job_run
+        SELECT (SELECT tenant_id FROM job_run
                 WHERE status = 'pending' AND pool = p_pool
                   AND concurrency_key IS NULL AND rate_key IS NULL
-                  AND coalesce(tenant_id, '') > t.tenant
-                ORDER BY coalesce(tenant_id, '') LIMIT 1)
+                  AND tenant_id IS NOT NULL AND tenant_id > t.tenant
+                ORDER BY tenant_id LIMIT 1)
         FROM t WHERE t.tenant IS NOT NULL
     )
     SELECT array_agg(heads.tenant ORDER BY heads.priority, heads.run_at, heads.id) INTO tenants
@@ -344,7 +346,7 @@ BEGIN
             SELECT j.priority, j.run_at, j.id FROM job_run j
             WHERE j.status = 'pending' AND j.pool = p_pool AND j.run_at <= now_
               AND j.concurrency_key IS NULL AND j.rate_key IS NULL
-              AND coalesce(j.tenant_id, '') = t.tenant
+              AND j.tenant_id = t.tenant
               AND (NOT types_paused
                    OR NOT EXISTS (SELECT FROM pause p
                                   WHERE p.kind = 'type' AND p.name = j.job_type))
@@ -364,7 +366,7 @@ BEGIN
         SELECT j.id FROM job_run j
         WHERE j.status = 'pending' AND j.pool = p_pool AND j.run_at <= now_
           AND j.concurrency_key IS NULL AND j.rate_key IS NULL
-          AND coalesce(j.tenant_id, '') = u.tenant
+          AND j.tenant_id = u.tenant
           AND (NOT types_paused
                OR NOT EXISTS (SELECT FROM pause p WHERE p.kind = 'type' AND p.name = j.job_type))
         ORDER BY j.priority, j.run_at, j.id
