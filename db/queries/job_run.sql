@@ -113,12 +113,15 @@ WITH inserted AS (
            -- Rate-limited types: see job_run_insert_one.
            CASE WHEN d.rate_limit IS NOT NULL
                 THEN {schema}._rate_key(r.job_type, d.rate_key_template, r.input) END
-    FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb, pool text,
-         priority integer, run_at timestamptz, max_attempts integer, tags text[],
-         scope_entity_type text, scope_entity_id text, tenant_id text, trace_context jsonb)
+    FROM (SELECT r.*, bool_and(octet_length(r.input::text) <= 65536) OVER () AS all_fit
+          FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id uuid, job_type text, input jsonb,
+               pool text, priority integer, run_at timestamptz, max_attempts integer,
+               tags text[], scope_entity_type text, scope_entity_id text, tenant_id text,
+               trace_context jsonb)) AS r
     LEFT JOIN {schema}.job d ON d.type = r.job_type
-    -- Oversized as jsonb prints it (see job_run_insert_one): left out, the caller reports it.
-    WHERE octet_length(r.input::text) <= 65536
+    -- Oversized as jsonb prints it (see job_run_insert_one): then no row goes in, and the caller
+    -- reports it. All or nothing, so a batch needs no transaction around this one statement.
+    WHERE r.all_fit
     RETURNING pool
 )
 -- One snapshot for the whole statement: these are the definitions the INSERT joined.

@@ -38,11 +38,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row, tuple_row
 
+from notifyq._db.batcher import Batcher
 from notifyq._enqueue.bulk import Batch
 from notifyq._enqueue.refusals import translated_errors
 from notifyq._enqueue.request import EnqueueRequest, Prepared, coerce_requests, prepare
 from notifyq._enqueue.wake import WakeSender
-from notifyq._errors import PayloadTooLarge
+from notifyq._errors import NotifyqError, PayloadTooLarge
 from notifyq._limits import MAX_INPUT_BYTES
 from notifyq._notifier import wake_payload
 from notifyq._policies import key_for
@@ -52,6 +53,13 @@ from notifyq._runtime import Runtime
 from notifyq._tracing import Sending, sending
 
 AnyConn = psycopg.AsyncConnection[Any]
+
+GROUP_MAX = 100
+"""The most concurrent single enqueues written by one statement."""
+
+
+class _LeftOut(Exception):
+    """A group's insert left its rows out (an input too large as jsonb prints it)."""
 
 
 class Enqueuer:
@@ -63,6 +71,9 @@ class Enqueuer:
         self._q = runtime.queries
         self._registry = registry
         self._waker: WakeSender | None = None
+        self._group: Batcher[tuple[Prepared, bool], Run] = Batcher(
+            self._write_group, batch_max=GROUP_MAX, split_on=(_LeftOut, NotifyqError,
+                                                              psycopg.DatabaseError))
 
     async def enqueue(self, request: EnqueueRequest, *, conn: AnyConn | None = None,
                       allow_unknown_type: bool | None = None) -> tuple[Run, bool]:
@@ -77,6 +88,11 @@ class Enqueuer:
                 run = await self._write_one(conn, prepared, notify=True, accept=accept,
                                             send=send)
                 return run, run.id == prepared.id
+            if not prepared.request.needs_locks and _trace_context_of(send) is None:
+                run = await self._group.submit((prepared, accept))
+                if send is not None:
+                    send.sent([(run.id, run.job_type, run.pool)])
+                return run, True
             pool = await self._rt.pool()
             waker = self._waker_of(pool)
             with waker.enqueueing() as inline:
@@ -129,12 +145,17 @@ class Enqueuer:
                                                    notify=True)
             pool = await self._rt.pool()
             waker = self._waker_of(pool)
-            # A transaction even for one statement: a row the insert leaves out (too large as
-            # the database prints it) must take the whole batch back with it.
+            # Plain runs only: one autocommit statement, all or nothing (one round trip, where
+            # BEGIN and COMMIT made three). Keyed ones take several, in one transaction.
             with waker.enqueueing() as inline:
-                async with pool.connection() as own, own.transaction():
-                    runs = await self._write_batch(own, batch, allow_unknown_type, send,
-                                                   notify=inline)
+                async with pool.connection() as own:
+                    if batch.keyed:
+                        async with own.transaction():
+                            runs = await self._write_batch(own, batch, allow_unknown_type,
+                                                           send, notify=inline)
+                    else:
+                        runs = await self._write_batch(own, batch, allow_unknown_type, send,
+                                                       notify=inline)
             if not inline:
                 await waker.wake({r.pool for r in runs})
         return runs
@@ -177,6 +198,32 @@ class Enqueuer:
                     spec.retry.attempts if request.max_attempts is None
                     else request.max_attempts))
         return batch
+
+    async def _write_group(self, items: list[tuple[Prepared, bool]]) -> list[Run]:
+        """Plain runs of concurrent :meth:`enqueue` calls (``(prepared, accept)`` each), in one
+        autocommit statement with their wake-ups: alone, ``job_run_insert_one``; together,
+        ``job_run_insert_bulk``, all or nothing (the batcher then writes each alone, so only a
+        bad one fails)."""
+        pool = await self._rt.pool()
+        async with pool.connection() as conn:
+            if len(items) == 1:
+                [(prepared, accept)] = items
+                return [await self._write_one_traced(conn, prepared, notify=True,
+                                                     accept=accept, trace_context=None)]
+            batch = Batch(self._rt.settings.max_input_bytes)
+            for prepared, _ in items:
+                batch.add_prepared(prepared)
+            ids, params = batch.params()
+            refused = {p.request.job_type for p, accept in items if not accept}
+            params.update(accept_types=[t for t in params["types"] if t not in refused] or None,
+                          notify=True, channel=self._q.schema)
+            with translated_errors():
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(self._q.job_run_insert_bulk, params)
+                    summary = await cur.fetchall()
+        if summary[0]["inserted"] < len(ids):
+            raise _LeftOut
+        return batch.runs(ids, summary)
 
     async def _write_one(self, conn: AnyConn, prepared: Prepared, *, notify: bool,
                          accept: bool, send: Sending | None) -> Run:

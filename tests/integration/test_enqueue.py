@@ -285,6 +285,47 @@ async def test_input_the_database_measures_as_too_large_is_payload_too_large(app
     assert await _count(app) == 0
 
 
+async def _enqueue_concurrently(app: App, inputs: list[Any]) -> list[Any]:
+    """``app.enqueue`` of each input at once, in tasks: each result is a run or the error."""
+    results: list[Any] = [None] * len(inputs)
+
+    async def one(i: int) -> None:
+        try:
+            results[i] = await app.enqueue("t.echo", inputs[i])
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            results[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(inputs)):
+            tg.start_soon(one, i)
+    return results
+
+
+async def test_concurrent_enqueues_are_written_together_and_wake_the_workers(
+        app: App, dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute("LISTEN notifyq")
+        runs = await _enqueue_concurrently(app, [{"i": i} for i in range(10)])
+        got = [n.payload async for n in listener.notifies(timeout=2, stop_after=1)]
+    assert set(got) == {"j:default"}
+    assert app._enqueuer._group.batches < 10
+    for i, run in enumerate(runs):
+        row = await run_row(app, run.id)
+        assert (run.input, run.status, row["input"]) == ({"i": i}, RunStatus.PENDING, {"i": i})
+        assert (run.pool, run.priority, run.max_attempts, run.created_at, run.run_at) == (
+            row["pool"], row["priority"], row["max_attempts"], row["created_at"], row["run_at"])
+    assert await _count(app) == 10
+
+
+async def test_a_bad_enqueue_among_concurrent_ones_fails_alone(app: App) -> None:
+    inputs: list[Any] = [{"i": i} for i in range(6)]
+    inputs[3] = {"n": [1e300] * 250}  # too large only as jsonb prints it: the group's
+    results = await _enqueue_concurrently(app, inputs)  # statement refuses it, not Python
+    assert isinstance(results[3], PayloadTooLarge)
+    assert sorted(r.input["i"] for i, r in enumerate(results) if i != 3) == [0, 1, 2, 4, 5]
+    assert await _count(app) == 5
+
+
 async def test_enqueue_returns_the_stored_run(app: App) -> None:
     run = await app.enqueue("t.echo", {"a": 1}, priority=-2, pool="p1", max_attempts=4,
                             tags=["x", "y"])
