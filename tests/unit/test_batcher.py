@@ -98,6 +98,26 @@ async def test_a_cancelled_leader_still_finishes_the_batch_for_the_others() -> N
     assert execute.batches == [[1], [2, 3]]
 
 
+async def test_without_shield_alone_a_cancelled_lone_leader_stops_and_the_queue_moves_on(
+        ) -> None:
+    gate = anyio.Event()
+    execute = Doubler(gate)
+    batcher = Batcher(execute, shield_alone=False, timeout_s=None)
+    results: dict[int, int] = {}
+
+    async with anyio.create_task_group() as tg:
+        leader = anyio.CancelScope()
+        tg.start_soon(_cancellable, leader, batcher, 1)  # leads alone; held at the gate
+        await settle()
+        tg.start_soon(_submit, batcher, results, 2)
+        await settle()
+        leader.cancel()  # not shielded: its batch stops at the gate, and 2 leads next
+        await settle()
+        gate.set()
+    assert results == {2: 4}
+    assert execute.batches == [[1], [2]]
+
+
 async def _submit(batcher: Batcher[int, int], results: dict[int, int], item: int) -> None:
     results[item] = await batcher.submit(item)
 

@@ -14,9 +14,9 @@ import pytest
 from notifyq import EnqueueRequest, InvalidEnqueue, PayloadTooLarge, Run, RunStatus
 from notifyq._enqueue.bulk import Batch
 from notifyq._enqueue.ids import _COUNTER, new_run_id, new_run_ids
-from notifyq._enqueue.request import coerce_requests, prepare
+from notifyq._enqueue.request import coerce_requests, prepare, with_values
 from notifyq._enqueue.validate import encode_input, input_encoder
-from notifyq._run import runs_from_columns
+from notifyq._run import run_of, runs_from_columns
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, 6789, tzinfo=UTC)
 
@@ -92,6 +92,24 @@ def test_runs_from_columns_equal_runs_built_one_by_one() -> None:
     assert runs[0].to_json()["id"] == str(ids[0])
     with pytest.raises(AttributeError):
         runs[0].pool = "other"  # type: ignore[misc]
+
+
+def test_run_of_equals_the_run_built_by_its_constructor() -> None:
+    values = {"id": uuid.uuid4(), "job_type": "t.a", "status": RunStatus.PENDING,
+              "input": {"a": 1}, "pool": "p", "priority": 1, "run_at": NOW, "attempts": 0,
+              "max_attempts": 3, "created_at": NOW, "tags": ["t"], "timeout_s": 2.5}
+    run = run_of(values)
+    assert run == Run(**values)
+    assert (run.output, run.error) == (None, None)
+    with pytest.raises(AttributeError):
+        run.pool = "other"  # type: ignore[misc]
+
+
+def test_with_values_copies_a_request_with_some_fields_changed() -> None:
+    request = EnqueueRequest(job_type="t.a", input={"a": 1}, tags=["x"], dedupe_key="k")
+    changed = with_values(request, {"pool": "p", "priority": 3})
+    assert changed == dataclasses.replace(request, pool="p", priority=3)
+    assert changed.input is request.input
 
 
 def test_runs_from_columns_refuses_missing_or_unknown_fields() -> None:
