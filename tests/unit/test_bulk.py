@@ -95,9 +95,10 @@ def test_runs_from_columns_equal_runs_built_one_by_one() -> None:
 
 
 def test_run_of_equals_the_run_built_by_its_constructor() -> None:
-    values = {"id": uuid.uuid4(), "job_type": "t.a", "status": RunStatus.PENDING,
-              "input": {"a": 1}, "pool": "p", "priority": 1, "run_at": NOW, "attempts": 0,
-              "max_attempts": 3, "created_at": NOW, "tags": ["t"], "timeout_s": 2.5}
+    values: dict[str, Any] = {
+        "id": uuid.uuid4(), "job_type": "t.a", "status": RunStatus.PENDING, "input": {"a": 1},
+        "pool": "p", "priority": 1, "run_at": NOW, "attempts": 0, "max_attempts": 3,
+        "created_at": NOW, "tags": ["t"], "timeout_s": 2.5}
     run = run_of(values)
     assert run == Run(**values)
     assert (run.output, run.error) == (None, None)
