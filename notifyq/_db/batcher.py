@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -54,7 +55,7 @@ class Batcher(Generic[T, R]):
     def __init__(self, execute: Callable[[list[T]], Awaitable[Sequence[R]]], *,
                  batch_max: int = 100, timeout_s: float | None = 30.0,
                  split_on: tuple[type[BaseException], ...] = (),
-                 shield_alone: bool = True) -> None:
+                 shield_alone: bool = True, gather: bool = False) -> None:
         if batch_max < 1:
             raise ValueError(f"batch_max must be at least 1, got {batch_max}")
         self._execute = execute
@@ -62,8 +63,10 @@ class Batcher(Generic[T, R]):
         self._timeout_s = timeout_s
         self._split_on = split_on
         self._shield_alone = shield_alone
+        self._gather = gather
         self._queue: list[_Entry[T, R]] = []
         self._busy = False
+        self._gathering = False
         self.batches = 0
 
     async def submit(self, item: T) -> R:
@@ -71,10 +74,12 @@ class Batcher(Generic[T, R]):
         self._queue.append(entry)
         try:
             while not entry.finished:
-                if self._busy:
+                if self._busy or self._gathering:
                     entry.turn = anyio.Event()
                     await entry.turn.wait()
                     continue
+                if self._gather:
+                    await self._let_others_queue()
                 await self._lead(entry)
         except BaseException:
             if entry in self._queue:  # left before its batch started: it is not run
@@ -84,6 +89,16 @@ class Batcher(Generic[T, R]):
         if entry.error is not None:
             raise entry.error
         return entry.result  # type: ignore[return-value]  # set by finish() with R
+
+    async def _let_others_queue(self) -> None:
+        """One pass of the event loop before leading, the others waiting: when a batch ends,
+        its callers' next items come at about the same time, and the first would otherwise lead
+        alone and the rest a round trip later."""
+        self._gathering = True
+        try:
+            await anyio.lowlevel.checkpoint()
+        finally:
+            self._gathering = False
 
     def _pass_turn(self) -> None:
         if not self._busy and self._queue:

@@ -8,25 +8,34 @@ the handler), then validated, then written by one statement:
   more for the plpgsql ``_enqueue``;
 - a run with keys goes through ``_enqueue``, whose advisory locks decide the keys race-free
   (the same function ``SELECT notifyq.enqueue(...)`` calls from any language);
-- a batch is one ``job_run_insert_bulk`` for its plain rows (see :mod:`.bulk`), with its keyed
-  rows through ``_enqueue`` in their places, all in one transaction.
+- a batch is one ``job_run_insert_bulk`` for its plain rows (see :mod:`.bulk`), all or nothing
+  (so a batch of plain rows needs no BEGIN/COMMIT round trips of its own), with its keyed rows
+  through ``_enqueue`` in their places, all in one transaction.
 
-Outside a caller's transaction the wake-up NOTIFY rides in the write's own statement when this
-enqueue (or batch) is the only one of this process in flight: one round trip, one commit, the
-NOTIFY delivered with it. Concurrent ones send theirs after their commit, folded into one per
-round trip by :class:`.WakeSender`: each commit that notifies holds PostgreSQL's database-wide
-notify lock through its WAL flush, so notifying commits cannot share flushes, and on a busy
-machine the lock's holders queue behind one another. 8 concurrent ``App.enqueue`` callers,
-the three ways interleaved in one process (rounds of 800, CPU of this process and of the
-database's backends per enqueue):
+Concurrent ``App.enqueue`` calls outside a caller's transaction, without keys, are written
+together (group commit, :class:`~notifyq._db.batcher.Batcher`): the first goes at once and
+alone by ``job_run_insert_one``, with its NOTIFY in the statement (one round trip, one
+commit); those that arrive meanwhile go next, together, by ``job_run_insert_bulk`` with one
+NOTIFY per pool. One batch is in flight per process, so its notifying commits never queue for
+PostgreSQL's notify lock behind each other. If the group's statement refuses (an unknown type,
+an input too large as jsonb prints it), nothing went in and each is written alone, so only the
+bad one fails. ``notifyq bench --only enqueue``, 8 concurrent callers, before and after,
+alternated on the 2-core VM (load 4-5, others' benchmarks running): 1.2-1.5k/s -> 3.8k/s;
+CPU per enqueue, Python + PostgreSQL, 250-330 + 260-390 us -> 104-111 + 87-90 us.
+GROUPED_NUMBERS
+
+Outside a caller's transaction the wake-up NOTIFY of an ``enqueue_many`` or of a keyed enqueue
+rides in the write's own statement when it is the only one of this process in flight: one
+round trip, one commit, the NOTIFY delivered with it. Concurrent ones send theirs after their
+commit, folded into one per round trip by :class:`.WakeSender`: each commit that notifies holds
+PostgreSQL's database-wide notify lock through its WAL flush, so notifying commits cannot share
+flushes, and on a busy machine the lock's holders queue behind one another. 8 concurrent
+``App.enqueue`` callers, each written alone (before grouping), the three ways interleaved in
+one process (rounds of 800, CPU of this process and of the database's backends per enqueue):
 
     load 2.5:  folded 1,411/s (540 + 494 us)   NOTIFY in every insert 1,680/s (487 + 481 us)
     load 7:    folded   480/s (674 + 613 us)   NOTIFY in every insert   248/s (842 + 750 us)
                folded, the NOTIFY committed with synchronous_commit off: 449/s (no better)
-
-Folding costs ~15 % on a quiet machine and saves ~2x on a loaded one (the issue asked for one
-round trip per enqueue; the lone caller has it, concurrent ones pay ~0.3 NOTIFY round trips
-each instead).
 """
 
 from __future__ import annotations
@@ -80,6 +89,7 @@ class Enqueuer:
         # and no deadline but the pool's (checkout) and the server's (statement_timeout).
         self._group: Batcher[tuple[Prepared, bool], Run] = Batcher(
             self._write_group, batch_max=GROUP_MAX, shield_alone=False, timeout_s=None,
+            gather=True,
             split_on=(_LeftOut, NotifyqError, psycopg.DatabaseError))
 
     async def enqueue(self, request: EnqueueRequest, *, conn: AnyConn | None = None,

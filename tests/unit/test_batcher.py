@@ -60,6 +60,29 @@ async def test_an_item_alone_goes_at_once_and_concurrent_ones_share_a_batch() ->
     assert execute.batches == [[5], [1], list(range(2, 11))]
 
 
+async def test_with_gather_the_callers_ready_together_share_one_batch() -> None:
+    execute = Doubler()
+    batcher = Batcher(execute, gather=True)
+    assert await batcher.submit(5) == 10
+    results = await gather(batcher, list(range(1, 11)))
+    assert results == {i: i * 2 for i in range(1, 11)}
+    assert execute.batches == [[5], list(range(1, 11))]  # the first no longer leads alone
+
+
+async def test_a_caller_cancelled_while_gathering_passes_the_lead_on() -> None:
+    execute = Doubler()
+    batcher = Batcher(execute, gather=True)
+    results: dict[int, int] = {}
+
+    async with anyio.create_task_group() as tg:
+        first = anyio.CancelScope()
+        tg.start_soon(_cancellable, first, batcher, 1)
+        tg.start_soon(_submit, batcher, results, 2)
+        first.cancel()
+    assert results == {2: 4}
+    assert execute.batches == [[2]]
+
+
 async def test_batches_are_capped_at_batch_max() -> None:
     execute = Doubler()
     results = await gather(Batcher(execute, batch_max=4), list(range(1, 11)))
