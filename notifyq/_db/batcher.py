@@ -67,6 +67,7 @@ class Batcher(Generic[T, R]):
         self._queue: list[_Entry[T, R]] = []
         self._busy = False
         self._gathering = False
+        self._last_size = 0
         self.batches = 0
 
     async def submit(self, item: T) -> R:
@@ -78,7 +79,7 @@ class Batcher(Generic[T, R]):
                     entry.turn = anyio.Event()
                     await entry.turn.wait()
                     continue
-                if self._gather:
+                if self._gather and self._last_size > 1:
                     await self._let_others_queue()
                 await self._lead(entry)
         except BaseException:
@@ -93,7 +94,8 @@ class Batcher(Generic[T, R]):
     async def _let_others_queue(self) -> None:
         """One pass of the event loop before leading, the others waiting: when a batch ends,
         its callers' next items come at about the same time, and the first would otherwise lead
-        alone and the rest a round trip later."""
+        alone and the rest a round trip later. Only after a batch of several: a lone caller
+        does not pay for it."""
         self._gathering = True
         try:
             await anyio.lowlevel.checkpoint()
@@ -107,6 +109,7 @@ class Batcher(Generic[T, R]):
     async def _lead(self, own: _Entry[T, R]) -> None:
         self._busy = True
         batch, self._queue = self._queue[:self._batch_max], self._queue[self._batch_max:]
+        self._last_size = len(batch)
         try:
             if self._shield_alone or batch != [own]:
                 with anyio.CancelScope(shield=True):

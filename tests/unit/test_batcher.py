@@ -64,14 +64,16 @@ async def test_with_gather_the_callers_ready_together_share_one_batch() -> None:
     execute = Doubler()
     batcher = Batcher(execute, gather=True)
     assert await batcher.submit(5) == 10
-    results = await gather(batcher, list(range(1, 11)))
-    assert results == {i: i * 2 for i in range(1, 11)}
-    assert execute.batches == [[5], list(range(1, 11))]  # the first no longer leads alone
+    first = await gather(batcher, list(range(1, 11)))  # after a lone batch: no gathering
+    again = await gather(batcher, list(range(21, 31)))  # after a batch of 9: gathered
+    assert first | again == {i: i * 2 for i in [*range(1, 11), *range(21, 31)]}
+    assert execute.batches == [[5], [1], list(range(2, 11)), list(range(21, 31))]
 
 
 async def test_a_caller_cancelled_while_gathering_passes_the_lead_on() -> None:
     execute = Doubler()
     batcher = Batcher(execute, gather=True)
+    await gather(batcher, [7, 8, 9])  # [7], then [8, 9]: the next leader gathers
     results: dict[int, int] = {}
 
     async with anyio.create_task_group() as tg:
@@ -80,7 +82,7 @@ async def test_a_caller_cancelled_while_gathering_passes_the_lead_on() -> None:
         tg.start_soon(_submit, batcher, results, 2)
         first.cancel()
     assert results == {2: 4}
-    assert execute.batches == [[2]]
+    assert execute.batches[2:] == [[2]]
 
 
 async def test_batches_are_capped_at_batch_max() -> None:
