@@ -20,9 +20,9 @@ NOTIFY per pool. One batch is in flight per process, so its notifying commits ne
 PostgreSQL's notify lock behind each other. If the group's statement refuses (an unknown type,
 an input too large as jsonb prints it), nothing went in and each is written alone, so only the
 bad one fails. ``notifyq bench --only enqueue``, 8 concurrent callers, before and after,
-alternated on the 2-core VM (load 4-5, others' benchmarks running): 1.2-1.5k/s -> 3.8k/s;
-CPU per enqueue, Python + PostgreSQL, 250-330 + 260-390 us -> 104-111 + 87-90 us.
-GROUPED_NUMBERS
+alternated 3 times on the 2-core VM (load 2.5-3.6, others' benchmarks running): 975-2,010/s ->
+5,344-6,380/s; CPU per enqueue, Python + PostgreSQL, 294-391 + 320-443 us -> 72-95 + 53-73 us.
+Without the batcher's ``gather`` the batches alternated 1 and 7 runs (median 3.0k/s).
 
 Outside a caller's transaction the wake-up NOTIFY of an ``enqueue_many`` or of a keyed enqueue
 rides in the write's own statement when it is the only one of this process in flight: one
