@@ -188,12 +188,22 @@ FROM n
 --
 -- Claim: up to `limit` runnable runs of one pool, best priority then oldest run_at first, then
 -- in enqueue order (the id: a batch shares its run_at; migration 0007). SKIP LOCKED lets any
--- number of workers claim concurrently without waiting on each other; the fence grows by one so
--- write-backs from any earlier claim of the same run match nothing. `claimed_at` is the
--- database's now: the worker times retries from it, not from its own clock. Both halves read
--- the snapshot taken before the statement, so a run this statement sends back to pending is
--- not claimed again by it (the next cycle can).
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+-- number of workers claim concurrently without waiting on each other; each claim draws a fresh
+-- random fence (`_new_fence`, migration 0018) so write-backs from any earlier claim of the same
+-- run match nothing. `claimed_at` is the database's now: the worker times retries from it, not
+-- from its own clock. Both halves read the snapshot taken before the statement, so a run this
+-- statement sends back to pending is not claimed again by it (the next cycle can). The claim's
+-- SET list is `_claim_ids`'s (the plpgsql claims'), written inline here to stay one statement.
+--
+-- `async_claim` (a claim with no write-backs: an idle worker woken by a NOTIFY) commits with
+-- synchronous_commit off: no WAL flush to wait for, so the wake-up does not pay the disk's
+-- fsync (p50 0.3 ms, p99 several ms here). A server crash can lose such a claim; the run is
+-- then pending again under its old fence, and the random fence keeps the lost claim's holder
+-- from ever matching the next one (tests/chaos/test_pg_restart.py). A write-back always commits
+-- synchronously, and its flush carries any earlier asynchronous claim with it.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+                  CASE WHEN %(async_claim)s THEN set_config('synchronous_commit', 'off', true)
+                  END AS commit_mode),
 v AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(fences)s::bigint[], %(statuses)s::text[],
                          %(outputs)s::text[], %(errors)s::text[], %(run_ats)s::timestamptz[],
@@ -244,7 +254,7 @@ picked AS (
 ),
 claimed AS (
     UPDATE {schema}.job_run r
-    SET status = 'running', attempts = r.attempts + 1, fence = r.fence + 1,
+    SET status = 'running', attempts = r.attempts + 1, fence = {schema}._new_fence(),
         claimed_at = n.now, started_at = coalesce(r.started_at, n.now),
         leased_by = %(worker_id)s, lease_expires_at = n.now + make_interval(secs => %(lease_s)s),
         updated_at = n.now
