@@ -447,11 +447,12 @@ RETURNING r.id, r.pool
 -- A parent starts a child, fenced on the parent's claim: marks the parent as having children,
 -- inserts the child through _enqueue (same defaults and wake-up as any enqueue) and memoizes the
 -- spawn as a step of the parent, all in one statement. No row back: the parent lost its lease.
+-- The child belongs to the parent's tenant (a tenant-scoped token sees the whole tree).
 WITH parent AS (
     UPDATE {schema}.job_run
     SET has_children = true
     WHERE id = %(run_id)s AND fence = %(fence)s AND status = 'running'
-    RETURNING id, coalesce(root_run_id, id) AS root_id
+    RETURNING id, coalesce(root_run_id, id) AS root_id, tenant_id
 ),
 child AS (
     SELECT c.* FROM parent, LATERAL {schema}._enqueue(
@@ -459,7 +460,7 @@ child AS (
         p_priority => %(priority)s, p_tags => %(tags)s, p_id => %(child_id)s,
         p_trigger_source => 'parent', p_trigger_ref => parent.id::text,
         p_parent_run_id => parent.id, p_root_run_id => parent.root_id,
-        p_parent_close_policy => %(close_policy)s) AS c
+        p_parent_close_policy => %(close_policy)s, p_tenant_id => parent.tenant_id) AS c
 ),
 step AS (
     INSERT INTO {schema}.job_step (run_id, step_id, seq, kind, status, output, attempts, attempt,
