@@ -520,6 +520,7 @@ BEGIN
         -- A live run is the duplicate whatever its age; a finished one only within the window.
         SELECT * INTO existing FROM job_run
         WHERE job_type = p_job_type AND dedupe_key = dedupe
+          AND tenant_id IS NOT DISTINCT FROM p_tenant_id
           AND status = ANY (states)
           AND (status IN ('pending', 'running', 'waiting')
                OR created_at >= now() - make_interval(secs =>
