@@ -256,15 +256,25 @@ BEGIN
         ) m;
         ids := ids || more;
     END IF;
-    RETURN QUERY
-        UPDATE job_run r
-        SET status = 'running', attempts = r.attempts + 1, fence = r.fence + 1,
-            claimed_at = now_, started_at = coalesce(r.started_at, now_),
-            leased_by = p_worker_id,
-            lease_expires_at = now_ + make_interval(secs => p_lease_s), updated_at = now_
-        WHERE r.id = ANY (ids)
-        RETURNING r.*;
+    RETURN QUERY SELECT * FROM _claim_ids(ids, p_worker_id, p_lease_s, now_);
 END
+$$;
+
+--
+-- Name: _claim_ids(uuid[], text, double precision, timestamp with time zone); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._claim_ids(p_ids uuid[], p_worker_id text, p_lease_s double precision, p_now timestamp with time zone) RETURNS SETOF notifyq.job_run
+    LANGUAGE sql
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+    UPDATE job_run r
+    SET status = 'running', attempts = r.attempts + 1, fence = _new_fence(),
+        claimed_at = p_now, started_at = coalesce(r.started_at, p_now),
+        leased_by = p_worker_id,
+        lease_expires_at = p_now + make_interval(secs => p_lease_s), updated_at = p_now
+    WHERE r.id = ANY (p_ids)
+    RETURNING r.*
 $$;
 
 --
@@ -309,7 +319,7 @@ BEGIN
         free := least(coalesce(k.lim, 1) - running, remaining);
         CONTINUE WHEN free <= 0;
         RETURN QUERY
-            WITH picked AS (
+            SELECT * FROM _claim_ids(ARRAY(
                 SELECT id FROM job_run j
                 WHERE status = 'pending' AND pool = p_pool AND concurrency_key = k.key
                   AND run_at <= now_
@@ -318,16 +328,7 @@ BEGIN
                                       WHERE p.kind = 'type' AND p.name = j.job_type))
                 ORDER BY priority, run_at, id
                 LIMIT free
-                FOR UPDATE SKIP LOCKED
-            )
-            UPDATE job_run r
-            SET status = 'running', attempts = r.attempts + 1, fence = r.fence + 1,
-                claimed_at = now_, started_at = coalesce(r.started_at, now_),
-                leased_by = p_worker_id,
-                lease_expires_at = now_ + make_interval(secs => p_lease_s), updated_at = now_
-            FROM picked
-            WHERE r.id = picked.id
-            RETURNING r.*;
+                FOR UPDATE SKIP LOCKED), p_worker_id, p_lease_s, now_);
         GET DIAGNOSTICS claimed = ROW_COUNT;
         remaining := remaining - claimed;
     END LOOP;
@@ -373,7 +374,7 @@ BEGIN
         END IF;
         CONTINUE WHEN free <= 0;
         RETURN QUERY
-            WITH picked AS (
+            SELECT * FROM _claim_ids(ARRAY(
                 SELECT id FROM job_run j
                 WHERE status = 'pending' AND pool = p_pool AND rate_key = k.key
                   AND run_at <= now_
@@ -382,16 +383,7 @@ BEGIN
                                       WHERE p.kind = 'type' AND p.name = j.job_type))
                 ORDER BY priority, run_at, id
                 LIMIT free
-                FOR UPDATE SKIP LOCKED
-            )
-            UPDATE job_run r
-            SET status = 'running', attempts = r.attempts + 1, fence = r.fence + 1,
-                claimed_at = now_, started_at = coalesce(r.started_at, now_),
-                leased_by = p_worker_id,
-                lease_expires_at = now_ + make_interval(secs => p_lease_s), updated_at = now_
-            FROM picked
-            WHERE r.id = picked.id
-            RETURNING r.*;
+                FOR UPDATE SKIP LOCKED), p_worker_id, p_lease_s, now_);
         GET DIAGNOSTICS claimed = ROW_COUNT;
         remaining := remaining - claimed;
         IF claimed > 0 AND k.lim IS NOT NULL THEN
@@ -528,6 +520,7 @@ BEGIN
         -- A live run is the duplicate whatever its age; a finished one only within the window.
         SELECT * INTO existing FROM job_run
         WHERE job_type = p_job_type AND dedupe_key = dedupe
+          AND tenant_id IS NOT DISTINCT FROM p_tenant_id
           AND status = ANY (states)
           AND (status IN ('pending', 'running', 'waiting')
                OR created_at >= now() - make_interval(secs =>
@@ -617,6 +610,14 @@ BEGIN
     RETURN result;
 END
 $$;
+
+--
+-- Name: _new_fence(); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._new_fence() RETURNS bigint
+    LANGUAGE sql
+    AS $$ SELECT 1 + floor(random() * 4503599627370496)::bigint $$;
 
 --
 -- Name: _notify_awaited(); Type: FUNCTION; Schema: notifyq; Owner: -

@@ -554,7 +554,8 @@ class Bench:
                         "refunds": [0] * k, "wait_kinds": [None] * k,
                         "wait_tokens": [None] * k, "waiting_ons": [None] * k,
                         "pool": "default", "limit": self.sizes.sql_batch,
-                        "worker_id": "bench", "lease_s": 30.0})).fetchall()
+                        "worker_id": "bench", "lease_s": 30.0,
+                        "async_claim": not k})).fetchall()
                     rows = [r for r in rows if r["claimed"]]
                     if not rows and not k:
                         return

@@ -191,12 +191,22 @@ FROM n
 --
 -- Claim: up to `limit` runnable runs of one pool, best priority then oldest run_at first, then
 -- in enqueue order (the id: a batch shares its run_at; migration 0007). SKIP LOCKED lets any
--- number of workers claim concurrently without waiting on each other; the fence grows by one so
--- write-backs from any earlier claim of the same run match nothing. `claimed_at` is the
--- database's now: the worker times retries from it, not from its own clock. Both halves read
--- the snapshot taken before the statement, so a run this statement sends back to pending is
--- not claimed again by it (the next cycle can).
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+-- number of workers claim concurrently without waiting on each other; each claim draws a fresh
+-- random fence (`_new_fence`, migration 0018) so write-backs from any earlier claim of the same
+-- run match nothing. `claimed_at` is the database's now: the worker times retries from it, not
+-- from its own clock. Both halves read the snapshot taken before the statement, so a run this
+-- statement sends back to pending is not claimed again by it (the next cycle can). The claim's
+-- SET list is `_claim_ids`'s (the plpgsql claims'), written inline here to stay one statement.
+--
+-- `async_claim` (a claim with no write-backs: an idle worker woken by a NOTIFY) commits with
+-- synchronous_commit off: no WAL flush to wait for, so the wake-up does not pay the disk's
+-- fsync (p50 0.3 ms, p99 several ms here). A server crash can lose such a claim; the run is
+-- then pending again under its old fence, and the random fence keeps the lost claim's holder
+-- from ever matching the next one (tests/chaos/test_pg_restart.py). A write-back always commits
+-- synchronously, and its flush carries any earlier asynchronous claim with it.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+                  CASE WHEN %(async_claim)s THEN set_config('synchronous_commit', 'off', true)
+                  END AS commit_mode),
 v AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(fences)s::bigint[], %(statuses)s::text[],
                          %(outputs)s::text[], %(errors)s::text[], %(run_ats)s::timestamptz[],
@@ -247,7 +257,7 @@ picked AS (
 ),
 claimed AS (
     UPDATE {schema}.job_run r
-    SET status = 'running', attempts = r.attempts + 1, fence = r.fence + 1,
+    SET status = 'running', attempts = r.attempts + 1, fence = {schema}._new_fence(),
         claimed_at = n.now, started_at = coalesce(r.started_at, n.now),
         leased_by = %(worker_id)s, lease_expires_at = n.now + make_interval(secs => %(lease_s)s),
         updated_at = n.now
@@ -440,11 +450,12 @@ RETURNING r.id, r.pool
 -- A parent starts a child, fenced on the parent's claim: marks the parent as having children,
 -- inserts the child through _enqueue (same defaults and wake-up as any enqueue) and memoizes the
 -- spawn as a step of the parent, all in one statement. No row back: the parent lost its lease.
+-- The child belongs to the parent's tenant (a tenant-scoped token sees the whole tree).
 WITH parent AS (
     UPDATE {schema}.job_run
     SET has_children = true
     WHERE id = %(run_id)s AND fence = %(fence)s AND status = 'running'
-    RETURNING id, coalesce(root_run_id, id) AS root_id
+    RETURNING id, coalesce(root_run_id, id) AS root_id, tenant_id
 ),
 child AS (
     SELECT c.* FROM parent, LATERAL {schema}._enqueue(
@@ -452,7 +463,7 @@ child AS (
         p_priority => %(priority)s, p_tags => %(tags)s, p_id => %(child_id)s,
         p_trigger_source => 'parent', p_trigger_ref => parent.id::text,
         p_parent_run_id => parent.id, p_root_run_id => parent.root_id,
-        p_parent_close_policy => %(close_policy)s) AS c
+        p_parent_close_policy => %(close_policy)s, p_tenant_id => parent.tenant_id) AS c
 ),
 step AS (
     INSERT INTO {schema}.job_step (run_id, step_id, seq, kind, status, output, attempts, attempt,

@@ -230,7 +230,9 @@ class Completer:
                     "now": params["now"], "pool": claim.pool, "limit": claim.want - len(rows),
                     "worker_id": self._worker_id, "lease_s": self._lease_s})).fetchall()
                 rows += [{**row, "claimed": True} for row in fair]
-            params.update(pool=claim.pool, limit=claim.want - len(rows))
+            # A claim alone commits asynchronously: see job_run_finish_and_claim.
+            params.update(pool=claim.pool, limit=claim.want - len(rows),
+                          async_claim=not params["ids"])
         if params["limit"] or params["ids"]:
             cur = await conn.execute(self._q.job_run_finish_and_claim, params)
             rows += await cur.fetchall()
@@ -253,5 +255,5 @@ class Completer:
             "wait_tokens": [i.outcome.wait_token for i in writes],
             "waiting_ons": [i.outcome.waiting_on for i in writes],
             "pool": "", "limit": 0, "worker_id": self._worker_id,
-            "lease_s": self._lease_s,
+            "lease_s": self._lease_s, "async_claim": False,
         }

@@ -71,6 +71,8 @@ def _add_endpoints(actions: Any, parser_class: Any) -> None:
                      help="a custom header sent with every message (repeatable)")
     add.add_argument("--secret", help="whsec_... (default: generated)")
     add.add_argument("--disabled", action="store_true", help="create it disabled")
+    add.add_argument("--tenant", dest="tenant_id", metavar="TENANT",
+                     help="the tenant it belongs to, for good (default: none)")
     add.set_defaults(func=cmd_endpoints_add)
 
     listing = ops.add_parser("list", help="endpoints, oldest first")
@@ -161,7 +163,8 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
     async def go(app: App, conn: AsyncConn) -> int:
         e = await app.webhooks.create_endpoint(
             args.url, description=args.description, event_types=args.event_types,
-            headers=headers, secret=args.secret, enabled=not args.disabled, conn=conn)
+            headers=headers, secret=args.secret, enabled=not args.disabled,
+            tenant_id=args.tenant_id, conn=conn)
         _say(f"created endpoint {e.id} for {e.url} ({_types(e)}, "
              f"{'enabled' if e.enabled else 'disabled'})")
         _emit(args, e.to_json(), f"{e.id}\nsecret (shown once, store it now): {e.secret}")

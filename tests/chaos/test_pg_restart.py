@@ -25,8 +25,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
+from notifyq._db.queries import Queries
 from tests.apps.faults import FAULTS_DDL
+from tests.conftest import ADMIN_DSN
+from tests.db.helpers import claim, enqueue, finish
 from tests.support import (
     Load,
     Workers,
@@ -139,3 +143,69 @@ def test_postgres_restarted_twice_under_load(dsn: str, sql: psycopg.Connection[A
     status = db.check(status_counts)
     assert status == {"completed": total}
     db.close()
+
+
+def _crash_cmd() -> list[str]:
+    """Restart without a shutdown checkpoint: what is not flushed to WAL is gone, as in a
+    power cut (``NOTIFYQ_CHAOS_CRASH_CMD`` for another cluster)."""
+    custom = os.environ.get("NOTIFYQ_CHAOS_CRASH_CMD")
+    if custom:
+        return shlex.split(custom)
+    return [*_restart_cmd(), "-m", "immediate"]
+
+
+def _state_after_restart(db: Db, run_id: Any) -> Any:
+    look = "SELECT status, fence, attempts FROM notifyq.job_run WHERE id = %s"
+    return wait_until(lambda: db.check(lambda c: c.execute(look, [run_id]).fetchone()),
+                      timeout=30)
+
+
+@pytest.mark.timeout(180)
+def test_a_claim_lost_in_a_crash_never_matches_the_next_one(dsn: str,
+                                                           restart_lock: None) -> None:
+    """An idle worker's claim commits asynchronously. A crash right after it loses the claim
+    (the run is pending again under its old fence) while the worker that got it may still be
+    running the handler; the next claim must hand out a fence that worker's write-back can
+    never match. With `fence = previous + 1` both claims got the same fence and the lost
+    claim's write was accepted over the new holder's."""
+    q = Queries("notifyq")
+    db = Db(dsn)
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        # The WAL writer flushes asynchronous commits every wal_writer_delay: at its longest,
+        # a crash half a second after the claim finds it unflushed.
+        admin.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
+        admin.execute("SELECT pg_reload_conf()")
+    try:
+        lost = None
+        for _ in range(5):
+            conn = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
+            run = enqueue(conn, q)  # committed synchronously: survives the crash
+            [first] = claim(conn, q, None)  # now=None: the database's
+            assert first["id"] == run["id"]
+            conn.close()
+            subprocess.run(_crash_cmd(), check=True, capture_output=True, timeout=60)
+            after = _state_after_restart(db, run["id"])
+            if after == ("pending", run["fence"], 0):
+                lost = run, first
+                break
+            assert after == ("running", first["fence"], 1)  # flushed in time: try again
+        assert lost is not None, "no claim was lost in 5 crashes: nothing was tested"
+        run, first = lost
+        with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+            [second] = claim(conn, q, None, worker_id="w2")
+            assert second["id"] == run["id"]
+            assert second["fence"] != first["fence"]
+            # The lost claim's holder finishes its handler and writes back: fenced out.
+            stale = [(run["id"], first["fence"], "completed")]
+            assert finish(conn, q, None, stale, output='{"by": "lost claim"}') == []
+            done = finish(conn, q, None, [(run["id"], second["fence"], "completed")],
+                          output='{"by": "w2"}')
+            assert [r["status"] for r in done] == ["completed"]
+            row = conn.execute("SELECT status, output, attempts FROM notifyq.job_run "
+                               "WHERE id = %s", [run["id"]]).fetchone()
+        assert row == {"status": "completed", "output": {"by": "w2"}, "attempts": 1}
+    finally:
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+            admin.execute("ALTER SYSTEM RESET wal_writer_delay")
+            admin.execute("SELECT pg_reload_conf()")
+        db.close()

@@ -35,14 +35,14 @@ def insert_one(conn: Conn, q: Queries, request: EnqueueRequest | Prepared, *,
     return None if row is None else {**row, "id": prepared.id}
 
 
-def claim(conn: Conn, q: Queries, now: datetime, *, pool: str = "default", limit: int = 10,
+def claim(conn: Conn, q: Queries, now: datetime | None, *, pool: str = "default", limit: int = 10,
           worker_id: str = "w1", lease_s: float = 30.0) -> list[dict[str, Any]]:
     return conn.execute(q.job_run_finish_and_claim, {
         **NO_WRITES, "now": now, "pool": pool, "limit": limit, "worker_id": worker_id,
         "lease_s": lease_s}).fetchall()
 
 
-def finish(conn: Conn, q: Queries, now: datetime, items: list[tuple[UUID, int, str]], *,
+def finish(conn: Conn, q: Queries, now: datetime | None, items: list[tuple[UUID, int, str]], *,
            output: str | None = None, error: str | None = None,
            run_at: datetime | None = None, refund: int = 0) -> list[dict[str, Any]]:
     n = len(items)
@@ -57,13 +57,15 @@ def no_waits(n: int) -> dict[str, list[None]]:
     return {"wait_kinds": [None] * n, "wait_tokens": [None] * n, "waiting_ons": [None] * n}
 
 
-NO_CLAIM: dict[str, Any] = {"pool": "default", "limit": 0, "worker_id": None, "lease_s": 0.0}
+NO_CLAIM: dict[str, Any] = {"pool": "default", "limit": 0, "worker_id": None, "lease_s": 0.0,
+                            "async_claim": False}
 """job_run_finish_and_claim's claim parameters for a statement that only writes back."""
 
 NO_WRITES: dict[str, Any] = {
     "ids": [], "fences": [], "statuses": [], "outputs": [], "errors": [], "run_ats": [],
-    "refunds": [], **no_waits(0)}
-"""job_run_finish_and_claim's write-back parameters for a statement that only claims."""
+    "refunds": [], **no_waits(0), "async_claim": True}
+"""job_run_finish_and_claim's write-back parameters for a statement that only claims (and so
+commits asynchronously, as the worker's does)."""
 
 
 DEFINITION = {"version": 1, "pool": "default", "priority": 0, "max_attempts": 25,

@@ -117,6 +117,20 @@ def test_job_run_spawn_child_inserts_a_child_and_memoizes_the_spawn(db: Conn, q:
     assert spawn(db, q, parent, "child:2", fence=parent["fence"] + 1) is None  # fenced
 
 
+def test_a_child_belongs_to_its_parents_tenant(db: Conn, q: Queries) -> None:
+    plain = spawn(db, q, claimed(db, q))  # a parent without a tenant: a child without one
+    assert plain is not None
+    assert get(db, q, plain["id"])["tenant_id"] is None
+    db.execute("DELETE FROM notifyq.job_run")
+    enqueue(db, q, "t.a", tenant_id="acme")
+    (parent,) = db.execute(q.job_run_finish_and_claim, {
+        **NO_WRITES, "now": None, "pool": "default", "limit": 1, "worker_id": "w",
+        "lease_s": 30.0}).fetchall()
+    row = spawn(db, q, parent)
+    assert row is not None
+    assert get(db, q, row["id"])["tenant_id"] == "acme"
+
+
 def test_a_finishing_child_wakes_its_waiting_parent_and_status_many_reads_them(
         db: Conn, q: Queries) -> None:
     parent = claimed(db, q, "t.parent")

@@ -119,3 +119,12 @@ def test_a_signal_for_tenants_wakes_only_their_waiting_run_and_is_never_queued(
     assert db.execute(send, {"token": "go", "payload": "{}", "tenant_ids": None}
                       ).fetchone() == {"woken": 0}  # nobody waits: queued, as before
     assert db.execute("SELECT count(*) AS n FROM notifyq.job_signal").fetchone() == {"n": 1}
+
+
+def test_a_dedupe_key_finds_only_runs_of_the_same_tenant(db: Conn, q: Queries) -> None:
+    def once(tenant: str | None) -> Any:
+        return enqueue(db, q, "t.a", tenant_id=tenant, dedupe_key="order-7",
+                       allow_unknown_type=True)["id"]
+    first = {t: once(t) for t in ("a", "b", None)}
+    assert len(set(first.values())) == 3  # one run per tenant, and one of no tenant
+    assert {t: once(t) for t in ("a", "b", None)} == first  # each tenant's duplicate is its own

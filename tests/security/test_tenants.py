@@ -123,13 +123,25 @@ def test_a_tenant_token_enqueues_only_for_its_tenant(served: Served, sql: Sql) -
         assert batch.status_code == 403, batch.text
     tenants = sql.execute("SELECT DISTINCT tenant_id FROM notifyq.job_run").fetchall()
     assert tenants == [("a",)]
+    # Dedupe keys are per tenant: the same natural key in two tenants is two runs, and neither
+    # tenant learns anything of the other's.
     with served.client(TENANT_B) as b:
         taken = _enqueue(b, None, dedupe_key="order-7", input={"card": "4111"})
     with served.client(TENANT_A) as http:
-        clash = http.post("/v1/jobs", json={"job_type": "svc.echo", "dedupe_key": "order-7"})
-        assert clash.status_code == 409, clash.text
-        assert taken not in clash.text
-        assert "4111" not in clash.text
+        mine = http.post("/v1/jobs", json={"job_type": "svc.echo", "dedupe_key": "order-7"})
+        assert mine.status_code == 201, mine.text
+        assert taken not in mine.text
+        assert "4111" not in mine.text
+        again = http.post("/v1/jobs", json={"job_type": "svc.echo", "dedupe_key": "order-7"})
+        assert (again.status_code, again.json()["id"]) == (200, mine.json()["id"])
+        batch = http.post("/v1/jobs/batch", json={"jobs": [
+            {"job_type": "svc.echo", "dedupe_key": "order-7"},
+            {"job_type": "svc.echo", "dedupe_key": "order-8"}]})
+        assert batch.status_code == 201, batch.text
+        assert batch.json()["items"][0]["id"] == mine.json()["id"]
+    keys = sql.execute("SELECT tenant_id, count(*) FROM notifyq.job_run WHERE dedupe_key IS "
+                       "NOT NULL GROUP BY 1 ORDER BY 1").fetchall()
+    assert keys == [("a", 2), ("b", 1)]
 
 
 def _waiting(sql: Sql, run_id: str, token: str) -> None:

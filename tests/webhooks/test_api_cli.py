@@ -175,3 +175,13 @@ def test_the_webhooks_commands_add_list_send_show_attempts_rotate_and_disable(
     missing = _cli(dsn, "endpoints", "disable", "01a22cc2-1f7d-734a-8591-82be1a967c79")
     assert missing.returncode == 1
     assert "no webhook endpoint" in missing.stderr
+
+
+def test_endpoints_add_with_a_tenant(dsn: str, sql: Any, receiver: Receiver) -> None:
+    added = _cli(dsn, "endpoints", "add", receiver.url(), "--tenant", "acme", "--json")
+    assert added.returncode == 0, added.stderr
+    endpoint = json.loads(added.stdout)
+    assert endpoint["tenant_id"] == "acme"
+    [(tenant,)] = sql.execute("SELECT tenant_id FROM notifyq.webhook_endpoint WHERE id = %s",
+                              [endpoint["id"]]).fetchall()
+    assert tenant == "acme"
