@@ -22,6 +22,7 @@ from typing import Any
 from uuid import UUID
 
 import anyio
+import anyio.lowlevel
 import psycopg
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from psycopg_pool import AsyncConnectionPool
@@ -136,6 +137,12 @@ class Completer:
     async def run(self) -> None:
         async with self._receive:
             async for first in self._receive:
+                # One turn of the event loop before gathering: the handlers that submitted
+                # these write-backs freed claim slots, and the producer they woke queues its
+                # claim meanwhile, so both go in one statement. Without it the completer won
+                # the race every time and a busy worker alternated writes-only and
+                # claims-only statements (drain, concurrency 10: two round trips per batch).
+                await anyio.lowlevel.checkpoint()
                 writes: list[_Pending] = []
                 self._add(first, writes)
                 while len(writes) < self._batch_max:
