@@ -249,18 +249,28 @@ class Completer:
         # In id order, like the heartbeat's: both statements lock the worker's running rows one
         # by one in array order, and two orders could deadlock each other.
         writes = sorted(writes, key=lambda i: i.run_id)
+        outcomes = [i.outcome for i in writes]
         return {
             "now": self._clock.db_now(),
             "ids": [i.run_id for i in writes],
             "fences": [i.fence for i in writes],
-            "statuses": [i.outcome.status.value for i in writes],
-            "outputs": [i.outcome.output for i in writes],
-            "errors": [i.outcome.error for i in writes],
-            "run_ats": [i.outcome.run_at for i in writes],
-            "refunds": [i.outcome.refund for i in writes],
-            "wait_kinds": [i.outcome.wait_kind for i in writes],
-            "wait_tokens": [i.outcome.wait_token for i in writes],
-            "waiting_ons": [i.outcome.waiting_on for i in writes],
+            "statuses": [o.status.value for o in outcomes],
+            "outputs": _column([o.output for o in outcomes]),
+            "errors": _column([o.error for o in outcomes]),
+            "run_ats": _column([o.run_at for o in outcomes]),
+            "refunds": [o.refund for o in outcomes],
+            "wait_kinds": _column([o.wait_kind for o in outcomes]),
+            "wait_tokens": _column([o.wait_token for o in outcomes]),
+            "waiting_ons": _column([o.waiting_on for o in outcomes]),
             "pool": "", "limit": 0, "worker_id": self._worker_id,
             "lease_s": self._lease_s, "async_claim": False,
         }
+
+
+def _column(values: list[Any]) -> list[Any] | None:
+    """A nullable column of the write-backs; NULL when every value is (the usual case for all
+    but the output): ``unnest`` pads a NULL array with NULLs, and psycopg need not dump it."""
+    for value in values:
+        if value is not None:
+            return values
+    return None
