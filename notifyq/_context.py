@@ -34,17 +34,26 @@ class JobContext:
             return {"sent": True, "attempt": ctx.run.attempt}
     """
 
-    __slots__ = ("_cancel_requested", "_durable", "_session", "input", "log", "run")
+    __slots__ = ("_cancel_requested", "_durable", "_log", "_session", "input", "run")
 
     def __init__(self, run: RunInfo, input: Any,
                  durable: Callable[[], DurableSession] | None = None) -> None:
         self.run = run
         self.input = input
-        self.log = RunLogger(logging.getLogger("notifyq.run"),
-                             {"run_id": str(run.id), "run_type": run.job_type})
+        self._log: RunLogger | None = None
         self._cancel_requested = False
         self._durable = durable
         self._session: DurableSession | None = None
+
+    @property
+    def log(self) -> RunLogger:
+        """A logger (``notifyq.run``) that adds the run's id and type to every line."""
+        # Made on first use: most handlers never log, and building it for every run (a logger
+        # lookup, an adapter, the id as text) was ~1.2 us of a no-op run's ~2 us context.
+        if self._log is None:
+            self._log = RunLogger(logging.getLogger("notifyq.run"),
+                                  {"run_id": str(self.run.id), "run_type": self.run.job_type})
+        return self._log
 
     @property
     def cancel_requested(self) -> bool:
