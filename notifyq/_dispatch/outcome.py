@@ -90,10 +90,9 @@ def decide(
     run: RunInfo, result: Result, policy: RetryPolicy, now: datetime, rng: random.Random
 ) -> Outcome:
     match result:
-        case Succeeded(None):
-            return _COMPLETED
         case Succeeded(output):
-            return Outcome(RunStatus.COMPLETED, output=_dump_output(output))
+            return _COMPLETED if output is None else Outcome(RunStatus.COMPLETED,
+                                                             output=_dump_output(output))
         case Raised(Snooze(seconds=seconds)):
             return Outcome(RunStatus.PENDING, run_at=now + timedelta(seconds=seconds), refund=1,
                            snoozed=True)
