@@ -16,7 +16,7 @@ Rows the statement did not return were taken over by another worker: their callb
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -254,19 +254,28 @@ class Completer:
         outcomes = [i.outcome for i in writes]
         return {
             "now": self._clock.db_now(),
-            "ids": [i.run_id for i in writes],
-            "fences": [i.fence for i in writes],
-            "statuses": [o.status.value for o in outcomes],
+            # NULL when there is nothing to write back: what _statement tests.
+            "ids": _array_literal(i.run_id for i in writes) if writes else None,
+            "fences": _array_literal(i.fence for i in writes),
+            "statuses": _array_literal(o.status.value for o in outcomes),
             "outputs": _column([o.output for o in outcomes]),
             "errors": _column([o.error for o in outcomes]),
             "run_ats": _column([o.run_at for o in outcomes]),
-            "refunds": [o.refund for o in outcomes],
+            "refunds": _array_literal(o.refund for o in outcomes),
             "wait_kinds": _column([o.wait_kind for o in outcomes]),
             "wait_tokens": _column([o.wait_token for o in outcomes]),
             "waiting_ons": _column([o.waiting_on for o in outcomes]),
             "pool": "", "limit": 0, "worker_id": self._worker_id,
             "lease_s": self._lease_s, "async_claim": False,
         }
+
+
+def _array_literal(values: Iterable[UUID | int | str]) -> str:
+    """A PostgreSQL array literal of values that never need quoting or escaping (uuids,
+    integers, status words), made with one join: psycopg dumps a list one element at a time in
+    Python, with a regex check for quoting each (60-65 us less per statement of 20 write-backs,
+    ~3 us a run)."""
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 def _column(values: list[Any]) -> list[Any] | None:
