@@ -7,7 +7,10 @@ runs with :meth:`Completer.claim`. The completer's loop takes whatever has queue
 ``job_run_finish_and_claim``: under load the batch fills while the previous statement is in
 flight, at idle a write or a claim goes out alone at once. A busy worker thus pays one round
 trip per batch instead of a claim and a write-back (drain at concurrency 10, 2 cores: see
-bench/RESULTS.md, 2026-12-01).
+bench/RESULTS.md, 2026-12-01). For that the loop lets the event loop turn once before it
+gathers: the producer whose slots the finished handlers just freed queues its claim in that
+turn. Without it the claim came one turn late and went alone, every cycle (a drain of no-op
+runs at concurrency 10 sent 20 write-backs, then a claim of 20: two statements per batch).
 
 Rows the statement did not return were taken over by another worker: their callbacks get
 ``written=False`` (:meth:`write` raises :class:`~notifyq._errors.LeaseLost`).
