@@ -3,8 +3,9 @@ maintenance in one structured task tree.
 
 Handlers run in ``concurrency`` long-lived slot tasks that take claimed runs from a ready
 buffer, instead of one task per run: anyio's ``start_soon`` and the task's scope cost 16-55 us
-of the ~160-200 us of Python per no-op run at concurrency 10 (2 cores). Each run still has its
-own cancel scope (cancel requests, lost leases, shutdown) and its timeout.
+of the ~160-200 us of Python per no-op run at concurrency 10 then (2 cores; ~65-90 us since,
+CHANGELOG.md "Worker CPU per run"). Each run still has its own cancel scope (cancel requests,
+lost leases, shutdown) and its timeout.
 
 The worker claims ahead: up to ``worker.prefetch`` runs beyond the busy slots wait in the
 buffer, leased and heartbeated like running ones, so a slot that frees up starts its next run
