@@ -3,7 +3,7 @@ maintenance in one structured task tree.
 
 Handlers run in ``concurrency`` long-lived slot tasks that take claimed runs from a ready
 buffer, instead of one task per run: anyio's ``start_soon`` and the task's scope cost 16-55 us
-of the ~160-200 us of Python per no-op run at concurrency 10 then (2 cores; ~65-90 us since,
+of the ~160-200 us of Python per no-op run at concurrency 10 then (2 cores; ~55-90 us since,
 CHANGELOG.md "Worker CPU per run"). Each run still has its own cancel scope (cancel requests,
 lost leases, shutdown) and its timeout.
 
