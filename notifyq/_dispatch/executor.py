@@ -63,19 +63,16 @@ class Execution:
     """The enqueue's W3C trace context (OpenTelemetry), continued by the handler's spans."""
 
     @classmethod
-    def from_claim(cls, row: dict[str, Any], *, host_now: datetime | None = None,
-                   scope: anyio.CancelScope | None = None) -> Execution:
+    def from_claim(cls, row: dict[str, Any], *, host_now: datetime | None = None) -> Execution:
         """``host_now``: this host's time when the claim returned; with the row's
-        ``claimed_at`` (the database's time) it gives :attr:`db_offset`. ``scope``: the
-        run's cancel scope (default: a new one; see :func:`cancel_scope_factory`)."""
+        ``claimed_at`` (the database's time) it gives :attr:`db_offset`."""
         run = RunInfo(
             id=row["id"], job_type=row["job_type"], attempt=row["attempts"],
             max_attempts=row["max_attempts"], pool=row["pool"], priority=row["priority"],
             run_at=row["run_at"], created_at=row["created_at"], tags=row["tags"],
             timeout_s=row["timeout_s"], parent_run_id=row["parent_run_id"],
             root_run_id=row["root_run_id"])
-        execution = cls(run, row["fence"], row["input"],
-                        anyio.CancelScope() if scope is None else scope)
+        execution = cls(run, row["fence"], row["input"])
         execution.trace_context = row.get("trace_context")
         execution.claimed_at = claimed_at = row.get("claimed_at")
         if host_now is not None and claimed_at is not None:
@@ -104,16 +101,6 @@ class Execution:
         if self.reason is None:
             self.reason = reason
         self.scope.cancel()
-
-
-def cancel_scope_factory() -> Callable[[], anyio.CancelScope]:
-    """What makes a new cancel scope for the event loop running now, called once per worker.
-
-    ``anyio.CancelScope()`` first asks which event loop runs (sniffio, the current task), then
-    makes that backend's scope: ~1.6 us, of which ~1.2 us is the asking, once per run. The
-    loop cannot change under a running worker, so it asks once and calls the backend's class
-    from then on (~0.4 us)."""
-    return type(anyio.CancelScope())
 
 
 _DEFAULT_POLICY = RetryPolicy()

@@ -25,7 +25,6 @@ import os
 import secrets
 import socket
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -37,7 +36,7 @@ from notifyq._clock import Clock
 from notifyq._db.pool import AsyncConn
 from notifyq._db.queries import Queries
 from notifyq._dispatch.completer import Completer
-from notifyq._dispatch.executor import Execution, Executor, cancel_scope_factory
+from notifyq._dispatch.executor import Execution, Executor
 from notifyq._dispatch.producer import Producer, Slots
 from notifyq._maintenance.elector import Elector
 from notifyq._maintenance.purger import Purger
@@ -108,7 +107,6 @@ class Worker:
         """Every claimed run this worker holds: buffered, running or being written back."""
         self._ready: deque[Execution] = deque()
         self._idle_slots: deque[anyio.Event] = deque()
-        self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
         self._writing = 0
         self._handlers: anyio.abc.TaskGroup | None = None
         self._stopping = anyio.Event()
@@ -128,7 +126,6 @@ class Worker:
         self._stopping.set()
 
     async def _serve(self) -> None:
-        self._new_scope = cancel_scope_factory()
         with anyio.CancelScope(shield=True):
             try:
                 await self._register()
@@ -203,8 +200,7 @@ class Worker:
             self._handlers.cancel_scope.cancel()
 
     def _start(self, row: dict[str, Any]) -> None:
-        execution = Execution.from_claim(row, host_now=self._clock.now(),
-                                         scope=self._new_scope())
+        execution = Execution.from_claim(row, host_now=self._clock.now())
         self.active[execution.id] = execution
         if self._idle.is_set():  # a fresh Event only when leaving idle: was one per run (~1 us)
             self._idle = anyio.Event()
