@@ -180,9 +180,9 @@ FROM n
 
 -- name: job_run_finish_and_claim
 -- A worker's one statement per cycle: writes back the runs it finished and claims the next ones,
--- so a busy worker pays one round trip (~550 us of client CPU on 2 cores) per batch instead of
--- two. Either half may be empty (no ids; limit 0). Rows come back tagged: `claimed` false for
--- the write-backs that matched, true for the runs claimed.
+-- so a busy worker pays one round trip per batch instead of two. Either half may be empty (no
+-- ids; limit 0). Rows come back tagged: `claimed` false for the write-backs that matched, true
+-- for the runs claimed.
 --
 -- Write-back: each row is fenced (id + fence + still running), so a write from a worker whose
 -- lease was taken over matches nothing and comes back missing. `refund` gives back the attempt
