@@ -149,8 +149,13 @@ SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payl
 
 -- name: job_run_claim_keyed
 -- Runs with a concurrency key, at most their limit running per key, and rate-limited runs while
--- their key's window has room (see _claim_keyed).
-SELECT * FROM {schema}._claim_keyed(%(pool)s, %(limit)s, %(worker_id)s, %(lease_s)s, %(now)s)
+-- their key's window has room (see _claim_keyed). A claim alone, so it commits asynchronously,
+-- as job_run_finish_and_claim's claim without write-backs does (its comment says why that is
+-- safe); set_config runs with the first claimed row, and a statement that claims nothing has
+-- nothing to flush.
+SELECT c.*
+FROM {schema}._claim_keyed(%(pool)s, %(limit)s, %(worker_id)s, %(lease_s)s, %(now)s) AS c,
+     LATERAL (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode
 
 -- name: job_run_claim_fair
 -- A fair pool's claim (worker.fair_pools): an even share of the batch per tenant, then the rest
@@ -158,8 +163,10 @@ SELECT * FROM {schema}._claim_keyed(%(pool)s, %(limit)s, %(worker_id)s, %(lease_
 -- (which then claims nothing more): that statement's plain claim stays as it was, since a
 -- branch for fair mode inside it (a function scan behind a parameter, and a sort of the claimed
 -- rows) cost the plain drain 25-35 % (2,540-2,800 -> 1,630-1,740 runs/s, 10,000 no-op runs,
--- concurrency 10, load 1).
-SELECT * FROM {schema}._claim_fair(%(pool)s, %(limit)s, %(worker_id)s, %(lease_s)s, %(now)s)
+-- concurrency 10, load 1). Commits asynchronously, as job_run_claim_keyed does.
+SELECT c.*
+FROM {schema}._claim_fair(%(pool)s, %(limit)s, %(worker_id)s, %(lease_s)s, %(now)s) AS c,
+     LATERAL (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode
 
 -- name: job_run_next_run_at
 -- When the pool has nothing runnable now: seconds until the earliest scheduled run_at, so the
