@@ -68,17 +68,18 @@ async def connect_checked(dsn: str, *, application_name: str = "notifyq") -> Asy
     that does not parse) whose one line says why."""
     with explained_connect_errors(dsn):
         return await psycopg.AsyncConnection.connect(
-            _with_timeout(dsn), autocommit=True, row_factory=dict_row,
+            with_connect_timeout(dsn), autocommit=True, row_factory=dict_row,
             application_name=application_name)
 
 
 def check_connection_sync(dsn: str) -> None:
     """The same first connection for the synchronous pool (``App.enqueue_sync``)."""
     with explained_connect_errors(dsn):
-        psycopg.connect(_with_timeout(dsn)).close()
+        psycopg.connect(with_connect_timeout(dsn)).close()
 
 
-def _with_timeout(dsn: str) -> str:
+def with_connect_timeout(dsn: str) -> str:
+    """The DSN with our connect_timeout unless it sets its own."""
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:

@@ -110,10 +110,9 @@ class Enqueuer:
                 if send is not None:
                     send.sent([(run.id, run.job_type, run.pool)])
                 return run, True
-            pool = await self._rt.pool()
-            waker = self._waker_of(pool)
+            waker = self._waker_of(await self._rt.pool())
             with waker.enqueueing() as inline:
-                async with pool.connection() as own:
+                async with self._rt.warm_connection() as own:
                     run = await self._write_one(own, prepared, notify=inline, accept=accept,
                                                 send=send)
             if not inline:
@@ -160,12 +159,11 @@ class Enqueuer:
                 async with conn.transaction():
                     return await self._write_batch(conn, batch, allow_unknown_type, send,
                                                    notify=True)
-            pool = await self._rt.pool()
-            waker = self._waker_of(pool)
+            waker = self._waker_of(await self._rt.pool())
             # Plain runs only: one autocommit statement, all or nothing (one round trip, where
             # BEGIN and COMMIT made three). Keyed ones take several, in one transaction.
             with waker.enqueueing() as inline:
-                async with pool.connection() as own:
+                async with self._rt.warm_connection() as own:
                     if batch.keyed:
                         async with own.transaction():
                             runs = await self._write_batch(own, batch, allow_unknown_type,
@@ -221,8 +219,7 @@ class Enqueuer:
         autocommit statement with their wake-ups: alone, ``job_run_insert_one``; together,
         ``job_run_insert_bulk``, all or nothing (the batcher then writes each alone, so only a
         bad one fails)."""
-        pool = await self._rt.pool()
-        async with pool.connection() as conn:
+        async with self._rt.warm_connection() as conn:
             if len(items) == 1:
                 [(prepared, accept)] = items
                 return [await self._write_one_traced(conn, prepared, notify=True,

@@ -326,6 +326,57 @@ async def test_a_bad_enqueue_among_concurrent_ones_fails_alone(app: App) -> None
     assert await _count(app) == 5
 
 
+async def _backend_of_last_insert(app: App) -> set[int]:
+    rows = await fetch(app, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND pid <> pg_backend_pid()"
+                            " AND query LIKE '%%INSERT INTO \"notifyq\".job_run %%'")
+    return {r["pid"] for r in rows}
+
+
+async def test_a_lone_enqueuer_writes_every_run_on_the_same_warm_connection(app: App) -> None:
+    for i in range(6):
+        await app.enqueue("t.echo", {"i": i})
+        await app.enqueue_many([{"job_type": "t.echo", "input": {"i": i, "bulk": True}}])
+    assert await _count(app) == 12
+    # Each backend's last statement: one wrote, where the pool's turns would have left two.
+    assert len(await _backend_of_last_insert(app)) == 1
+
+
+async def test_an_enqueue_cancelled_mid_statement_leaves_the_next_one_working(
+        app: App, dsn: str) -> None:
+    await app.enqueue("t.echo", {"i": 0})  # opens the warm connection
+    async with await psycopg.AsyncConnection.connect(dsn) as locker:
+        await locker.execute("LOCK TABLE notifyq.job_run IN ACCESS EXCLUSIVE MODE")
+        with anyio.move_on_after(0.5) as scope:
+            await app.enqueue("t.echo", {"i": 1})  # waits on the lock until cancelled
+        assert scope.cancelled_caught
+        await locker.rollback()
+    await app.enqueue("t.echo", {"i": 2})
+
+    # The cancelled one's outcome is unknown to its caller, as for any cancelled write: its
+    # backend waited on the lock, not on the socket, so it may still commit. Never twice.
+    async def settled() -> list[int]:
+        assert not await _backend_of_last_insert(app) - await _warm_backend(app)
+        return sorted(r["input"]["i"] for r in await fetch(
+            app, "SELECT input FROM notifyq.job_run"))
+    assert (await eventually(settled)) in ([0, 2], [0, 1, 2])
+
+
+async def _warm_backend(app: App) -> set[int]:
+    rows = await fetch(app, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND state = 'idle' AND query LIKE '%%INSERT INTO%%'")
+    return {r["pid"] for r in rows}
+
+
+async def test_closing_the_app_closes_its_warm_connection(dsn: str) -> None:
+    application = App(settings=fast_settings(dsn))
+    async with application:
+        await application.enqueue("t.echo", {"i": 0}, allow_unknown_type=True)
+        [pid] = await _backend_of_last_insert(application)
+    assert await scalar(application, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                        pid) == 0
+
+
 async def test_enqueue_returns_the_stored_run(app: App) -> None:
     run = await app.enqueue("t.echo", {"a": 1}, priority=-2, pool="p1", max_attempts=4,
                             tags=["x", "y"])
