@@ -12,6 +12,10 @@ the handler), then validated, then written by one statement:
   (so a batch of plain rows needs no BEGIN/COMMIT round trips of its own), with its keyed rows
   through ``_enqueue`` in their places, all in one transaction.
 
+Outside a caller's transaction every write goes on the process's warm connection when it is
+free (``Runtime.warm_connection``: a backend that stays busy writes and commits faster than the
+pool's idle ones taken in turn), else on a pooled one.
+
 Concurrent ``App.enqueue`` calls outside a caller's transaction, without keys, are written
 together (group commit, :class:`~notifyq._db.batcher.Batcher`): the first goes at once and
 alone by ``job_run_insert_one``, with its NOTIFY in the statement (one round trip, one
@@ -96,7 +100,8 @@ class Enqueuer:
                       allow_unknown_type: bool | None = None) -> tuple[Run, bool]:
         """One run, and whether it was created (False: a dedupe key matched an existing run,
         which is returned). With ``conn``, in that connection's transaction; workers are woken
-        when it commits. Without, one statement on a pooled connection (its own commit), and
+        when it commits. Without, one statement on the warm connection (its own commit; see
+        ``Runtime.warm_connection``), and
         its wake-up in it unless other enqueues are in flight (see the module docstring)."""
         prepared = self.prepare(request)
         accept = self.accepts(request.job_type, allow_unknown_type)
