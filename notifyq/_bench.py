@@ -43,7 +43,8 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any, LiteralString
@@ -265,10 +266,11 @@ class Bench:
     async def _timed(self, n: int, go: Callable[[], Awaitable[Any]]) -> float:
         """``_rate(n, go)``, recording this process's and the database's backends' CPU per job
         (warm-ups stay outside it)."""
-        python_s, server_s = time.process_time(), await self._server_cpu_s()
-        rate = await _rate(n, go)
-        python_s, server_s = time.process_time() - python_s, await self._server_cpu_s() - server_s
-        self._cpu_samples.append((python_s / n * 1e6, server_s / n * 1e6))
+        python_s = time.process_time()
+        async with self._server_cpu() as server:
+            rate = await _rate(n, go)
+        python_s = time.process_time() - python_s
+        self._cpu_samples.append((python_s / n * 1e6, server[0] / n * 1e6))
         return rate
 
     # -- (6) durable runs: the cost of a memoized step, and of skipping busy concurrency keys --
@@ -397,21 +399,43 @@ class Bench:
         await self.reset()
         await self._enqueue_untimed(n)
         self.executed = 0
-        python_s, server_s = time.process_time(), await self._server_cpu_s()
-        rate = await _rate(n, lambda: self.app.run_worker(concurrency=concurrency, burst=True))
-        python_s, server_s = time.process_time() - python_s, await self._server_cpu_s() - server_s
+        python_s = time.process_time()
+        async with self._server_cpu() as server:
+            rate = await _rate(n, lambda: self.app.run_worker(concurrency=concurrency,
+                                                              burst=True))
+        python_s = time.process_time() - python_s
         self.cpu_us[concurrency] = {"python_us_per_run": round(python_s / n * 1e6, 1),
-                                    "server_us_per_run": round(server_s / n * 1e6, 1)}
+                                    "server_us_per_run": round(server[0] / n * 1e6, 1)}
         await self._verify(n)
         return round(rate, 1)
 
-    async def _server_cpu_s(self) -> float:
-        """CPU seconds used so far by the backends of the bench database (0 when PostgreSQL
-        runs on another host: their /proc entries are not here). Backends that exit in between
-        are missed; the pool's connections outlive a drain, so that is the worker's listener."""
+    @asynccontextmanager
+    async def _server_cpu(self) -> AsyncIterator[list[float]]:
+        """CPU seconds the bench database's backends use inside the block (0 when PostgreSQL
+        runs on another host: their /proc entries are not here), appended to the list it
+        yields on exit. Sampled every 20 ms, so backends that start or end inside the block
+        count too (a worker's listener and its completer's connection): all but their last
+        20 ms."""
+        first = await self._backend_cpu_s()
+        last = dict(first)
+        spent: list[float] = []
+
+        async def sample() -> None:
+            while True:
+                await anyio.sleep(0.02)
+                _keep_highest(last, await self._backend_cpu_s())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sample)
+            yield spent
+            tg.cancel_scope.cancel()
+        _keep_highest(last, await self._backend_cpu_s())
+        spent.append(sum(cpu - first.get(pid, 0.0) for pid, cpu in last.items()))
+
+    async def _backend_cpu_s(self) -> dict[int, float]:
         async with (await self.app.pool()).connection() as conn:
             rows = await (await conn.execute(_BACKENDS)).fetchall()
-        return sum(map(_process_cpu_s, (row["pid"] for row in rows)))
+        return {row["pid"]: _process_cpu_s(row["pid"]) for row in rows}
 
     async def _verify(self, n: int) -> None:
         async with (await self.app.pool()).connection() as conn:
@@ -465,10 +489,12 @@ class Bench:
                     EnqueueRequest(job_type=job_type, input={"i": i},
                                    tenant_id=f"t{i % 10}" if mode == "fair" else None)
                     for i in range(start, min(start + 1000, n))])
-            python_s, server_s = time.process_time(), await self._server_cpu_s()
-            rate = await _rate(n, lambda: app.run_worker(concurrency=concurrency, burst=True))
+            python_s = time.process_time()
+            async with self._server_cpu() as server:
+                rate = await _rate(n, lambda: app.run_worker(concurrency=concurrency,
+                                                             burst=True))
             python_s = time.process_time() - python_s
-            server_s = await self._server_cpu_s() - server_s
+            server_s = server[0]
         async with (await self.app.pool()).connection() as conn:
             row = await (await conn.execute(self._sql(_VERIFY))).fetchone()
         if row is None or row["total"] != n or row["once"] != n or done != n:
@@ -566,6 +592,13 @@ class Bench:
                     tg.start_soon(loop)
 
         await all_loops()
+
+
+def _keep_highest(last: dict[int, float], now: dict[int, float]) -> None:
+    """Each backend's latest CPU reading (one read as 0 exited between the query and /proc)."""
+    for pid, cpu in now.items():
+        if cpu > last.get(pid, 0.0):
+            last[pid] = cpu
 
 
 def _process_cpu_s(pid: int) -> float:
