@@ -14,7 +14,6 @@ from typing import Any
 
 import anyio
 import psycopg
-from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -22,11 +21,10 @@ from notifyq._clock import Clock
 from notifyq._crypto.keyring import Keyring, configured_keys
 from notifyq._db.pool import (
     AsyncConn,
+    WarmConnection,
     check_connection_sync,
-    connect,
     open_pool,
     require_dsn,
-    with_connect_timeout,
 )
 from notifyq._db.queries import Queries, queries_for
 from notifyq._errors import ConfigError
@@ -54,8 +52,7 @@ class Runtime:
         self.clock = clock
         self.queries: Queries = queries_for(settings.schema_name)
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
-        self._warm: AsyncConn | None = None
-        self._warm_busy = False
+        self._warm: WarmConnection | None = None
         self._sync_pool: SyncPool | None = None
         self._open_lock = anyio.Lock()
         self._keyring: Keyring | None = None
@@ -149,49 +146,15 @@ class Runtime:
 
     @asynccontextmanager
     async def warm_connection(self) -> AsyncIterator[AnyConn]:
-        """A connection for a short write (autocommit, or a transaction it ends): this
-        process's own connection when it is free, else a pooled one.
-
-        Why: the pool hands out its idle connections in turn, so a lone caller's statements
-        alternate between backends that each slept since their last turn. One INSERT and its
-        commit from one enqueuer in a loop on the 2-core VM, rotating over 1, 2 and 3
-        connections (3 rounds of 2,000): 412-437 / 484-551 / 518-568 us a call, Python CPU
-        116-130 / 162-180 / 170-188 us; a SELECT alone did not care (87-112 us all three).
-        ``App.enqueue`` from one caller, pooled -> warm: 1,588-1,596 -> 2,093-2,211/s.
-
-        Opened on first use, beside the pool (one more connection, as the listener is), and
-        dropped after a statement that leaves it anything but idle (a cancelled or failed
-        one) or when it cannot be opened, the pool serving meanwhile."""
+        """A connection for the enqueuer's short writes (autocommit, or a transaction they
+        end): this process's :class:`~notifyq._db.pool.WarmConnection` when it is free, else
+        a pooled one. ``App.enqueue`` from one caller, pooled -> warm, on the 2-core VM:
+        1,588-1,596 -> 2,093-2,211/s."""
         pool = await self.pool()
-        if self._warm_busy:
-            async with pool.connection() as pooled:
-                yield pooled
-            return
-        self._warm_busy = True
-        try:
-            conn = await self._warm_connection()
-            if conn is None:
-                async with pool.connection() as pooled:
-                    yield pooled
-                return
-            try:
-                yield conn
-            finally:
-                if conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
-                    self._warm = None
-                    await conn.close()
-        finally:
-            self._warm_busy = False
-
-    async def _warm_connection(self) -> AsyncConn | None:
-        if self._warm is None or self._warm.closed:
-            self._warm = None
-            try:
-                self._warm = await connect(with_connect_timeout(
-                    require_dsn(self.settings.database_url)))
-            except psycopg.OperationalError:
-                return None  # the pool's connections wait and retry; it serves meanwhile
-        return self._warm
+        if self._warm is None:
+            self._warm = WarmConnection(require_dsn(self.settings.database_url))
+        async with self._warm.connection(pool) as conn:
+            yield conn
 
     def sync_pool(self) -> SyncPool:
         """A pool for synchronous callers (``App.enqueue_sync``), opened on first use."""

@@ -432,8 +432,8 @@ class Settings(BaseSettings):
     """Format of the ``notifyq`` commands' log: ``auto`` is JSON lines when stderr is not a
     terminal, text when it is. Defaults to "auto"."""
     pool_max_size: Annotated[int, Field(ge=1, le=1000)] = 10
-    """Connections in the process's pool (a worker opens one more, to LISTEN). Defaults to
-    10."""
+    """Connections in the process's pool. Beside it, a worker opens two (its LISTEN connection
+    and its completer's) and a process that enqueues one (its enqueues' own). Defaults to 10."""
     max_input_bytes: Annotated[int, Field(ge=1, le=65_536)] = 65_536
     """Largest serialized input of a run this process enqueues (``PayloadTooLarge`` above it);
     the database refuses more than 65536 bytes whatever this says. Defaults to 65536 (the hard

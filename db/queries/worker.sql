@@ -37,3 +37,15 @@ ORDER BY started_at, id
 DELETE FROM {schema}.worker
 WHERE expires_at <= coalesce(%(now)s::timestamptz, now())
 RETURNING id
+
+-- name: worker_session_generic_plans
+-- The completer's own connection (notifyq/_dispatch/completer.py) plans its prepared statements
+-- once. Under PostgreSQL's "auto" choice a session plans a prepared statement anew for its first
+-- executions and whenever the plan is invalidated (a TRUNCATE, an ANALYZE of the queue table) and
+-- the generic plan's estimate loses: 700 us of backend CPU for a claim planned anew, 267 us on the
+-- cached generic plan (one run, hot connection). `notifyq bench --only drain --only latency` on
+-- the 2-core VM: the database forced generic alone (PGOPTIONS), concurrency 10 7,498-7,608 ->
+-- 9,192-9,195 runs/s; this connection (generic plans, a busy backend), before and after
+-- alternated twice: 7,564-7,931 -> 9,368-9,502 runs/s, PostgreSQL CPU per run 72-73 -> 52-54 us,
+-- idle wake p50 1.6-1.8 -> 1.2 ms, p99 2.3-2.4 -> 1.6-1.8 ms.
+SET plan_cache_mode = force_generic_plan

@@ -177,3 +177,4 @@ class QueryNames:
     worker_leave: LiteralString
     worker_list: LiteralString
     worker_reap_expired: LiteralString
+    worker_session_generic_plans: LiteralString

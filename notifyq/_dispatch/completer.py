@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -31,7 +32,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq._clock import Clock
-from notifyq._db.pool import AsyncConn
+from notifyq._db.pool import AsyncConn, WarmConnection
 from notifyq._db.queries import Queries
 from notifyq._dispatch.outcome import Outcome
 from notifyq._errors import CompleterClosedError, LeaseLost
@@ -76,8 +77,13 @@ class Completer:
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConn], queries: Queries, clock: Clock, *,
                  batch_max: int = 500, on_written: Callable[[str, str], None] | None = None,
-                 retry_for_s: float = 30.0, worker_id: str = "", lease_s: float = 30.0) -> None:
+                 retry_for_s: float = 30.0, worker_id: str = "", lease_s: float = 30.0,
+                 dsn: str | None = None) -> None:
         self._pool = pool
+        # Its own connection (the pool's when none is given, or while it cannot be opened):
+        # one statement is in flight at a time, on a backend kept busy, planned once.
+        self._conn = None if dsn is None else WarmConnection(
+            dsn, application_name="notifyq-completer", configure=self._configure)
         self._q = queries
         self._clock = clock
         self._batch_max = batch_max
@@ -137,7 +143,18 @@ class Completer:
         """Stop accepting writes; :meth:`run` returns once the queued ones are written."""
         self._send.close()
 
+    async def _configure(self, conn: AsyncConn) -> None:
+        await conn.execute(self._q.worker_session_generic_plans)
+
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            if self._conn is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._conn.close()
+
+    async def _run(self) -> None:
         async with self._receive:
             async for first in self._receive:
                 # One turn of the event loop before gathering: the handlers that submitted
@@ -207,7 +224,7 @@ class Completer:
         deadline = anyio.current_time() + self._retry_for_s
         while True:
             try:
-                async with self._pool.connection() as conn:
+                async with self._connection() as conn:
                     rows = await self._statement(conn, params, claim)
             except psycopg.OperationalError as exc:
                 # The database is restarting or the connection was killed. A retried batch that
@@ -224,6 +241,11 @@ class Completer:
             else:
                 self.batches += 1
                 return rows
+
+    def _connection(self) -> AbstractAsyncContextManager[AsyncConn]:
+        if self._conn is None:
+            return self._pool.connection()
+        return self._conn.connection(self._pool)
 
     async def _statement(self, conn: AsyncConn, params: dict[str, Any],
                          claim: Claim | None) -> list[dict[str, Any]]:

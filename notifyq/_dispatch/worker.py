@@ -78,7 +78,7 @@ class Worker:
         self.slots = Slots(concurrency + self.prefetch)
         self.completer = Completer(db, queries, clock, batch_max=cfg.completer_batch_max,
                                    on_written=self._on_written, worker_id=self.id,
-                                   lease_s=cfg.lease_s)
+                                   lease_s=cfg.lease_s, dsn=settings.database_url)
         self.executor = Executor(registry, self.completer, clock,
                                  thread_limiter=anyio.CapacityLimiter(concurrency), db=db,
                                  queries=queries)

@@ -55,3 +55,16 @@ def test_leave_and_reap_remove_rows(db: Conn, q: Queries) -> None:
     reaped = db.execute(q.worker_reap_expired, {"now": T0 + seconds(40)}).fetchall()
     assert reaped == [{"id": "b"}]  # a left, c renewed until T0 + 55 s
     assert _listed(db, q, T0 + seconds(40)) == ["c"]
+
+
+def test_the_completers_session_plans_its_statements_once(db: Conn, q: Queries) -> None:
+    db.execute(q.worker_session_generic_plans)
+    assert db.execute("SHOW plan_cache_mode").fetchone() == {"plan_cache_mode":
+                                                            "force_generic_plan"}
+    # A prepared statement on such a session is planned generically from its first run.
+    db.execute("PREPARE nq_t(text) AS SELECT count(*) FROM notifyq.job_run WHERE pool = $1")
+    for _ in range(3):
+        db.execute("EXECUTE nq_t('default')")
+    assert db.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                      "WHERE name = 'nq_t'").fetchone() == {"generic_plans": 3,
+                                                            "custom_plans": 0}

@@ -28,7 +28,7 @@ from notifyq._maintenance.reaper import Reaper
 from tests.conftest import fast_settings
 from tests.db.helpers import NO_WRITES
 from tests.integration.inproc import fetch, run_row, running, scalar, status_becomes
-from tests.support import eventually
+from tests.support import backends, eventually, terminate
 
 pytestmark = pytest.mark.anyio
 
@@ -440,6 +440,34 @@ async def test_poll_only_mode_runs_everything_without_a_listener(dsn: str) -> No
                                       "datname = current_database()")
     assert listeners == 0
     assert sorted(seen) == list(range(11))
+
+
+async def test_the_completer_keeps_its_own_connection_and_replaces_it_when_killed(
+        app: App, sql: Any) -> None:
+    seen: list[int] = []
+
+    @app.handler("t.own")
+    async def own(ctx: JobContext) -> None:
+        seen.append(ctx.input["i"])
+
+    async def completed(n: int) -> None:
+        assert await _count(app, "status = 'completed'") == n
+
+    async def completer_backends() -> set[int]:
+        return {pid for pid, _ in backends(sql, "notifyq-completer")}
+
+    async with running(app, concurrency=3):
+        await app.enqueue_many([{"job_type": "t.own", "input": {"i": i}} for i in range(20)])
+        await eventually(lambda: completed(20))
+        [first] = await completer_backends()
+        assert terminate(sql, "notifyq-completer") == 1
+        await app.enqueue_many([{"job_type": "t.own", "input": {"i": i}}
+                                for i in range(20, 40)])
+        await eventually(lambda: completed(40))
+        [second] = await completer_backends()
+    assert second != first
+    assert sorted(seen) == list(range(40))  # each once: nothing lost or run twice
+    assert await completer_backends() == set()  # closed with the worker
 
 
 async def test_a_worker_only_claims_from_its_pools(app: App) -> None:
