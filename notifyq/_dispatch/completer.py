@@ -12,6 +12,11 @@ gathers: the producer whose slots the finished handlers just freed queues its cl
 turn. Without it the claim came one turn late and went alone, every cycle (a drain of no-op
 runs at concurrency 10 sent 20 write-backs, then a claim of 20: two statements per batch).
 
+The statements go on a connection of the completer's own (a
+:class:`~notifyq._db.pool.WarmConnection`, the pool's while it cannot be opened) whose session
+plans them once (``worker_session_generic_plans``): a backend kept busy, and no statement
+planned anew after the queue table changed size.
+
 Rows the statement did not return were taken over by another worker: their callbacks get
 ``written=False`` (:meth:`write` raises :class:`~notifyq._errors.LeaseLost`).
 """
