@@ -342,6 +342,19 @@ async def test_a_lone_enqueuer_writes_every_run_on_the_same_warm_connection(app:
     assert len(await _backend_of_last_insert(app)) == 1
 
 
+async def test_concurrent_batches_share_the_warm_connection_with_the_pool(app: App) -> None:
+    async def batch(k: int) -> None:
+        await app.enqueue_many([{"job_type": "t.echo", "input": {"k": k, "i": i}}
+                                for i in range(50)])
+
+    async with anyio.create_task_group() as tg:
+        for k in range(4):
+            tg.start_soon(batch, k)
+    assert await _count(app) == 200
+    # The first took the warm connection; the others, finding it busy, went to the pool.
+    assert len(await _backend_of_last_insert(app)) >= 2
+
+
 async def test_an_enqueue_cancelled_mid_statement_leaves_the_next_one_working(
         app: App, dsn: str) -> None:
     await app.enqueue("t.echo", {"i": 0})  # opens the warm connection
