@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
@@ -79,6 +80,11 @@ def check_connection_sync(dsn: str) -> None:
         psycopg.connect(with_connect_timeout(dsn)).close()
 
 
+WARM_RETRY_S = 5.0
+"""After a :class:`WarmConnection` failed to open, how long the pool serves before it tries
+again (a server at max_connections would otherwise be asked at every statement)."""
+
+
 class WarmConnection:
     """A connection kept for one serial user (the enqueuer's writes, a worker's completer),
     so its statements run on a backend that stays busy, not on the pool's idle ones in turn.
@@ -101,6 +107,7 @@ class WarmConnection:
         self._configure = configure
         self._conn: AsyncConn | None = None
         self._busy = False
+        self._retry_at = 0.0
 
     @asynccontextmanager
     async def connection(self, pool: AsyncConnectionPool[AsyncConn]) -> AsyncIterator[AsyncConn]:
@@ -128,11 +135,19 @@ class WarmConnection:
         if self._conn is not None and not self._conn.closed:
             return self._conn
         self._conn = None
+        if time.monotonic() < self._retry_at:
+            return None  # the last attempt failed: the pool serves a while before the next
         try:
             conn = await connect(self._dsn, application_name=self._application_name)
+        except psycopg.OperationalError:
+            self._retry_at = time.monotonic() + WARM_RETRY_S
+            return None
+        try:
             if self._configure is not None:
                 await self._configure(conn)
-        except psycopg.OperationalError:
+        except psycopg.Error:
+            self._retry_at = time.monotonic() + WARM_RETRY_S
+            await conn.close()
             return None
         self._conn = conn
         return conn
