@@ -111,25 +111,30 @@ class WarmConnection:
 
     @asynccontextmanager
     async def connection(self, pool: AsyncConnectionPool[AsyncConn]) -> AsyncIterator[AsyncConn]:
-        if self._busy:
+        conn = await self._take()
+        if conn is None:
             async with pool.connection() as pooled:
                 yield pooled
             return
-        self._busy = True
         try:
-            conn = await self._open()
-            if conn is None:
-                async with pool.connection() as pooled:
-                    yield pooled
-                return
-            try:
-                yield conn
-            finally:
-                if conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
-                    self._conn = None
-                    await conn.close()
+            yield conn
         finally:
             self._busy = False
+            if conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
+                self._conn = None
+                await conn.close()
+
+    async def _take(self) -> AsyncConn | None:
+        """The connection, now busy; None when it already is or cannot be opened."""
+        if self._busy:
+            return None
+        self._busy = True
+        conn = None
+        try:
+            conn = await self._open()
+        finally:
+            self._busy = conn is not None
+        return conn
 
     async def _open(self) -> AsyncConn | None:
         if self._conn is not None and not self._conn.closed:

@@ -453,21 +453,21 @@ async def test_the_completer_keeps_its_own_connection_and_replaces_it_when_kille
     async def completed(n: int) -> None:
         assert await _count(app, "status = 'completed'") == n
 
-    async def completer_backends() -> set[int]:
+    def completer_backends() -> set[int]:
         return {pid for pid, _ in backends(sql, "notifyq-completer")}
 
     async with running(app, concurrency=3):
         await app.enqueue_many([{"job_type": "t.own", "input": {"i": i}} for i in range(20)])
         await eventually(lambda: completed(20))
-        [first] = await completer_backends()
+        [first] = completer_backends()
         assert terminate(sql, "notifyq-completer") == 1
         await app.enqueue_many([{"job_type": "t.own", "input": {"i": i}}
                                 for i in range(20, 40)])
         await eventually(lambda: completed(40))
-        [second] = await completer_backends()
+        [second] = completer_backends()
     assert second != first
     assert sorted(seen) == list(range(40))  # each once: nothing lost or run twice
-    assert await completer_backends() == set()  # closed with the worker
+    assert completer_backends() == set()  # closed with the worker
 
 
 async def test_a_worker_only_claims_from_its_pools(app: App) -> None:
