@@ -399,7 +399,11 @@ async def test_canceling_or_retrying_in_the_wrong_state_is_refused(app: App) -> 
 
 # -- scheduling -----------------------------------------------------------------------------------
 
-async def test_a_run_scheduled_300_ms_ahead_starts_on_time(app: App) -> None:
+async def test_a_run_scheduled_300_ms_ahead_starts_on_time(dsn: str) -> None:
+    # The poll is 10 s away, so only the worker's timer for the next due run can start it
+    # within the bound; the bound is loose enough for a loaded CI machine (it is not a
+    # latency measurement: `notifyq bench --only latency` is).
+    app = App(settings=fast_settings(dsn, worker={"poll_interval_s": 10.0}))
     started_db: list[datetime] = []
 
     @app.handler("t.timed")
@@ -410,14 +414,14 @@ async def test_a_run_scheduled_300_ms_ahead_starts_on_time(app: App) -> None:
             assert row is not None
             started_db.append(row["t"])
 
-    async with running(app):
+    async with app, running(app):
         now = await scalar(app, "SELECT clock_timestamp()")
         run = await app.enqueue("t.timed", {}, run_at=now + timedelta(milliseconds=300))
         row = await status_becomes(app, run.id, "completed")
     assert row["run_at"] == run.run_at
     assert row["started_at"] >= row["run_at"]
     assert started_db[0] >= row["run_at"]
-    assert started_db[0] - row["run_at"] < timedelta(milliseconds=50)
+    assert started_db[0] - row["run_at"] < timedelta(seconds=2)
 
 
 async def test_poll_only_mode_runs_everything_without_a_listener(dsn: str) -> None:
