@@ -573,15 +573,15 @@ class Bench:
             async with db.connection() as conn:
                 while True:
                     k = len(rows)
+                    claim = {"now": None, "pool": "default", "limit": self.sizes.sql_batch,
+                             "worker_id": "bench", "lease_s": 30.0}
                     rows = await (await conn.execute(q.job_run_finish_and_claim, {
-                        "now": None, "ids": [r["id"] for r in rows],
+                        **claim, "ids": [r["id"] for r in rows],
                         "fences": [r["fence"] for r in rows], "statuses": ["completed"] * k,
                         "outputs": [None] * k, "errors": [None] * k, "run_ats": [None] * k,
                         "refunds": [0] * k, "wait_kinds": [None] * k,
                         "wait_tokens": [None] * k, "waiting_ons": [None] * k,
-                        "pool": "default", "limit": self.sizes.sql_batch,
-                        "worker_id": "bench", "lease_s": 30.0,
-                        "async_claim": not k})).fetchall()
+                    }) if k else await conn.execute(q.job_run_claim, claim)).fetchall()
                     rows = [r for r in rows if r["claimed"]]
                     if not rows and not k:
                         return

@@ -4,8 +4,9 @@ Executors hand their outcome to :meth:`Completer.submit` and go on with their ne
 callback they pass is called once the write committed (or was fenced out). Producers ask for
 runs with :meth:`Completer.claim`. The completer's loop takes whatever has queued up (at most
 ``batch_max`` write-backs, and the claims asked for) and sends it as one statement,
-``job_run_finish_and_claim``: under load the batch fills while the previous statement is in
-flight, at idle a write or a claim goes out alone at once. A busy worker thus pays one round
+``job_run_finish_and_claim`` (``job_run_claim`` when nothing is to be written back): under load
+the batch fills while the previous statement is in flight, at idle a write or a claim goes out
+alone at once. A busy worker thus pays one round
 trip per batch instead of a claim and a write-back (drain at concurrency 10, 2 cores: see
 bench/RESULTS.md, 2026-12-01). For that the loop lets the event loop turn once before it
 gathers: the producer whose slots the finished handlers just freed queues its claim in that
@@ -267,13 +268,18 @@ class Completer:
                     "now": params["now"], "pool": claim.pool, "limit": claim.want - len(rows),
                     "worker_id": self._worker_id, "lease_s": self._lease_s})).fetchall()
                 rows += [{**row, "claimed": True} for row in fair]
-            # A claim alone commits asynchronously: see job_run_finish_and_claim.
-            params.update(pool=claim.pool, limit=claim.want - len(rows),
-                          async_claim=not params["ids"])
-        if params["limit"] or params["ids"]:
-            # Binary results: half the bytes to receive and parse (uuids, timestamps and
-            # numbers by psycopg's C loaders, no text round trip), the same Python values.
+            params.update(pool=claim.pool, limit=claim.want - len(rows))
+        # Binary results: half the bytes to receive and parse (uuids, timestamps and numbers by
+        # psycopg's C loaders, no text round trip), the same Python values.
+        if params["ids"]:
             cur = await conn.execute(self._q.job_run_finish_and_claim, params, binary=True)
+            rows += await cur.fetchall()
+        elif params["limit"]:
+            # A claim alone (an idle worker woken): without the empty write-back half, which
+            # costs even with no rows, and committed asynchronously; see job_run_claim.
+            cur = await conn.execute(self._q.job_run_claim, {
+                "now": params["now"], "pool": params["pool"], "limit": params["limit"],
+                "worker_id": self._worker_id, "lease_s": self._lease_s}, binary=True)
             rows += await cur.fetchall()
         return rows
 
@@ -296,7 +302,7 @@ class Completer:
             "wait_tokens": _column([o.wait_token for o in outcomes]),
             "waiting_ons": _column([o.waiting_on for o in outcomes]),
             "pool": "", "limit": 0, "worker_id": self._worker_id,
-            "lease_s": self._lease_s, "async_claim": False,
+            "lease_s": self._lease_s,
         }
 
 

@@ -37,8 +37,9 @@ def insert_one(conn: Conn, q: Queries, request: EnqueueRequest | Prepared, *,
 
 def claim(conn: Conn, q: Queries, now: datetime | None, *, pool: str = "default", limit: int = 10,
           worker_id: str = "w1", lease_s: float = 30.0) -> list[dict[str, Any]]:
-    return conn.execute(q.job_run_finish_and_claim, {
-        **NO_WRITES, "now": now, "pool": pool, "limit": limit, "worker_id": worker_id,
+    """``job_run_claim``: what a worker with nothing to write back sends."""
+    return conn.execute(q.job_run_claim, {
+        "now": now, "pool": pool, "limit": limit, "worker_id": worker_id,
         "lease_s": lease_s}).fetchall()
 
 
@@ -57,15 +58,8 @@ def no_waits(n: int) -> dict[str, list[None]]:
     return {"wait_kinds": [None] * n, "wait_tokens": [None] * n, "waiting_ons": [None] * n}
 
 
-NO_CLAIM: dict[str, Any] = {"pool": "default", "limit": 0, "worker_id": None, "lease_s": 0.0,
-                            "async_claim": False}
+NO_CLAIM: dict[str, Any] = {"pool": "default", "limit": 0, "worker_id": None, "lease_s": 0.0}
 """job_run_finish_and_claim's claim parameters for a statement that only writes back."""
-
-NO_WRITES: dict[str, Any] = {
-    "ids": [], "fences": [], "statuses": [], "outputs": [], "errors": [], "run_ats": [],
-    "refunds": [], **no_waits(0), "async_claim": True}
-"""job_run_finish_and_claim's write-back parameters for a statement that only claims (and so
-commits asynchronously, as the worker's does)."""
 
 
 DEFINITION = {"version": 1, "pool": "default", "priority": 0, "max_attempts": 25,

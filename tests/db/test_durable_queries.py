@@ -15,7 +15,6 @@ from notifyq._enqueue.ids import new_run_id
 from tests.db.conftest import T0
 from tests.db.helpers import (
     NO_CLAIM,
-    NO_WRITES,
     Conn,
     claim,
     enqueue,
@@ -49,9 +48,7 @@ def spawn(db: Conn, q: Queries, parent: dict[str, Any], step_id: str = "child:1"
 
 def claimed(db: Conn, q: Queries, job_type: str = "t.a") -> dict[str, Any]:
     enqueue(db, q, job_type)
-    (run,) = db.execute(q.job_run_finish_and_claim, {
-        **NO_WRITES, "now": None, "pool": "default", "limit": 1, "worker_id": "w",
-        "lease_s": 30.0}).fetchall()
+    (run,) = claim(db, q, None, limit=1, worker_id="w")
     return run
 
 
@@ -65,9 +62,7 @@ def test_job_run_claim_keyed_claims_at_most_the_limit_per_key(db: Conn, q: Queri
     first = claim_keyed(db, q)
     assert sorted(r["concurrency_key"] for r in first) == ["a", "a", "b"]
     assert claim_keyed(db, q) == []  # both keys at their limit
-    assert db.execute(q.job_run_finish_and_claim, {
-        **NO_WRITES, "now": None, "pool": "default", "limit": 10, "worker_id": "w",
-        "lease_s": 30.0}).fetchall() == []
+    assert claim(db, q, None, limit=10, worker_id="w") == []
     done = next(r for r in first if r["concurrency_key"] == "a")
     finish(db, q, T0, [(done["id"], done["fence"], "completed")])
     (again,) = claim_keyed(db, q)
@@ -123,9 +118,7 @@ def test_a_child_belongs_to_its_parents_tenant(db: Conn, q: Queries) -> None:
     assert get(db, q, plain["id"])["tenant_id"] is None
     db.execute("DELETE FROM notifyq.job_run")
     enqueue(db, q, "t.a", tenant_id="acme")
-    (parent,) = db.execute(q.job_run_finish_and_claim, {
-        **NO_WRITES, "now": None, "pool": "default", "limit": 1, "worker_id": "w",
-        "lease_s": 30.0}).fetchall()
+    (parent,) = claim(db, q, None, limit=1, worker_id="w")
     row = spawn(db, q, parent)
     assert row is not None
     assert get(db, q, row["id"])["tenant_id"] == "acme"

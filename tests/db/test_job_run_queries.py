@@ -283,6 +283,39 @@ def test_concurrent_claims_never_return_the_same_run(dsn: str, db: Conn, q: Quer
     assert count(db, "status = 'running' AND attempts = 1 AND fence <> 0") == 300
 
 
+def test_job_run_claim_commits_asynchronously_and_a_write_back_synchronously(
+        db: Conn, q: Queries) -> None:
+    # set_config(..., true) lasts until the transaction ends: read it before it does.
+    for _ in range(2):
+        enqueue(db, q, run_at=T0)
+    with db.transaction():
+        [c] = claim(db, q, T0, limit=1)
+        assert db.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "off"
+    with db.transaction():
+        rows = db.execute(q.job_run_finish_and_claim, {
+            "now": T0, "ids": [c["id"]], "fences": [c["fence"]], "statuses": ["completed"],
+            "outputs": [None], "errors": [None], "run_ats": [None], "refunds": [0],
+            **no_waits(1), "pool": "default", "limit": 1, "worker_id": "w1",
+            "lease_s": 30.0}).fetchall()
+        assert db.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "on"
+    assert sorted((r["claimed"], r["status"]) for r in rows) == [
+        (False, "completed"), (True, "running")]
+
+
+def test_job_run_claim_is_the_claim_half_of_job_run_finish_and_claim_word_for_word() -> None:
+    from notifyq._db.queries import named_queries
+
+    def claim_ctes(body: str) -> str:
+        return body[body.index("picked AS ("):body.index("\n)\n", body.index("claimed AS ("))]
+
+    bodies = named_queries()["job_run"]
+    alone, combined = bodies["job_run_claim"], bodies["job_run_finish_and_claim"]
+    assert "UPDATE" in claim_ctes(alone)
+    assert claim_ctes(alone) == claim_ctes(combined)
+    assert "finished" not in alone
+    assert "unnest" not in alone
+
+
 # -- finish ---------------------------------------------------------------------------------------
 
 def test_job_run_finish_many_writes_each_outcome_in_one_statement(db: Conn, q: Queries) -> None:

@@ -26,7 +26,6 @@ from notifyq._dispatch.outcome import Outcome
 from notifyq._errors import LeaseLost
 from notifyq._maintenance.reaper import Reaper
 from tests.conftest import fast_settings
-from tests.db.helpers import NO_WRITES
 from tests.integration.inproc import fetch, run_row, running, scalar, status_becomes
 from tests.support import backends, eventually, terminate
 
@@ -497,8 +496,8 @@ async def test_a_stale_worker_loses_its_write_after_a_takeover(dsn: str) -> None
 
         async def claim(worker_id: str) -> dict[str, Any]:
             async with db.connection() as conn:
-                cur = await conn.execute(q.job_run_finish_and_claim, {
-                    **NO_WRITES, "now": clock.db_now(), "pool": "default", "limit": 1,
+                cur = await conn.execute(q.job_run_claim, {
+                    "now": clock.db_now(), "pool": "default", "limit": 1,
                     "worker_id": worker_id, "lease_s": 3.0})
                 [row] = await cur.fetchall()
                 return row

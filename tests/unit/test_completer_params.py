@@ -25,11 +25,10 @@ def completer() -> Iterator[Completer]:
     made._receive.close()
 
 
-def test_a_cycle_with_nothing_to_write_sends_null_ids_so_a_claim_alone_commits_async(
+def test_a_cycle_with_nothing_to_write_has_null_ids_so_a_claim_goes_alone(
         completer: Completer) -> None:
     params = completer._params([])
-    assert params["ids"] is None
-    assert not params["ids"]  # _statement: no write-backs, so async_claim and no empty statement
+    assert params["ids"] is None  # _statement: job_run_claim, or no statement at all
 
 
 def test_write_backs_go_in_id_order_as_array_literals_and_all_null_columns_as_null(
