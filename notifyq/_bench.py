@@ -68,6 +68,11 @@ DEFAULT_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 JOB_TYPE = "bench.noop"
 STEPS_TYPE = "bench.steps"
 KEYED_TYPE = "bench.keyed"
+KEYED_POOL = "bench.keyed"
+"""The keyed handler's own pool: a pool with a concurrency-limited (or rate-limited) handler
+claims with two statements per cycle (the keyed claim, then the plain one), and the drain and
+latency sections measure the default pool a user gets, without one (the policies section
+measures the keyed path)."""
 RATED_TYPE = "bench.rated"
 POLICY_MODES = ("off", "fair", "rate_limited")
 """The policies section's drains: a pool with no keyed handler (the plain claim alone), the
@@ -214,7 +219,7 @@ class Bench:
             for i in range(int(ctx.input["steps"])):
                 await ctx.step(f"s{i}", lambda: None)
 
-        @self.app.handler(KEYED_TYPE, concurrency=ConcurrencyPolicy(key="{k}"))
+        @self.app.handler(KEYED_TYPE, pool=KEYED_POOL, concurrency=ConcurrencyPolicy(key="{k}"))
         async def keyed(ctx: JobContext) -> None:
             return None
 
@@ -299,7 +304,7 @@ class Bench:
         await self.app.enqueue_many([{"job_type": KEYED_TYPE, "input": {"k": "hot"},
                                       "concurrency_key": "hot"} for _ in range(queued + 1)])
         q = self.app._runtime.queries
-        params = {"now": None, "pool": "default", "limit": 10, "worker_id": "bench",
+        params = {"now": None, "pool": KEYED_POOL, "limit": 10, "worker_id": "bench",
                   "lease_s": 60.0}
         async with (await self.app.pool()).connection() as conn:
             params["limit"] = 1
