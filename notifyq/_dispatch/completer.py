@@ -75,6 +75,9 @@ class Claim:
     got: int = 0
     failure: BaseException | None = None
     abandoned: bool = False
+    idle: bool = False
+    """Asked with no run of the worker's running or buffered: no write-back is about to join
+    it, so the completer sends it without first letting the event loop turn."""
     done: anyio.Event = field(default_factory=anyio.Event)
 
 
@@ -168,7 +171,9 @@ class Completer:
                 # claim meanwhile, so both go in one statement. Without it the completer won
                 # the race every time and a busy worker alternated writes-only and
                 # claims-only statements (drain, concurrency 10: two round trips per batch).
-                await anyio.lowlevel.checkpoint()
+                # An idle worker's claim has nothing to wait for.
+                if not (isinstance(first, Claim) and first.idle):
+                    await anyio.lowlevel.checkpoint()
                 writes: list[_Pending] = []
                 self._add(first, writes)
                 while len(writes) < self._batch_max:
@@ -195,6 +200,7 @@ class Completer:
             claim = None
         if not writes and claim is None:
             return
+        rows: list[dict[str, Any]] | None = None
         try:
             rows = await self._execute(writes, claim)
         except Exception as exc:
@@ -204,15 +210,15 @@ class Completer:
                 item.done(False, exc)
             return
         finally:
+            if rows is None and claim is not None:
+                claim.done.set()  # failed or cancelled: nothing to start
+        try:
+            written = _start_claimed(rows, claim)
+        finally:
+            # Once the rows are started: the first handler then runs before the producer's
+            # turn (the event loop resumes woken tasks in the order they were woken).
             if claim is not None:
-                claim.done.set()  # the producer runs once this task yields: rows started by then
-        written: dict[UUID, dict[str, Any]] = {}
-        for row in rows:
-            if row["claimed"]:
-                claim.got += 1  # type: ignore[union-attr]  # only a claim returns these
-                claim.start(row)  # type: ignore[union-attr]
-            else:
-                written[row["id"]] = row
+                claim.done.set()
         self._report(writes, written)
 
     def _report(self, writes: list[_Pending], written: dict[UUID, dict[str, Any]]) -> None:
@@ -304,6 +310,18 @@ class Completer:
             "pool": "", "limit": 0, "worker_id": self._worker_id,
             "lease_s": self._lease_s,
         }
+
+
+def _start_claimed(rows: list[dict[str, Any]], claim: Claim | None) -> dict[UUID, dict[str, Any]]:
+    """Start the statement's claimed runs; return its write-back rows by run id."""
+    written: dict[UUID, dict[str, Any]] = {}
+    for row in rows:
+        if row["claimed"]:
+            claim.got += 1  # type: ignore[union-attr]  # only a claim returns these
+            claim.start(row)  # type: ignore[union-attr]
+        else:
+            written[row["id"]] = row
+    return written
 
 
 def _array_literal(values: Iterable[UUID | int | str]) -> str:

@@ -93,7 +93,8 @@ class Producer:
         while True:
             await self._slots.wait_free()
             self._wake = anyio.Event()  # before claiming: a NOTIFY from now on is not lost
-            request = Claim(self.pool_name, self.keyed, self.fair, self._take, self._start)
+            request = Claim(self.pool_name, self.keyed, self.fair, self._take, self._start,
+                            idle=self._slots.busy == 0)
             try:
                 await self._completer.claim(request)
             except psycopg.OperationalError as exc:
