@@ -290,19 +290,26 @@ def test_job_run_claim_commits_asynchronously_and_a_write_back_synchronously(
         enqueue(db, q, run_at=T0)
     with db.transaction():
         [c] = claim(db, q, T0, limit=1)
-        assert db.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "off"
+        assert _commit_mode(db) == "off"
     with db.transaction():
         rows = db.execute(q.job_run_finish_and_claim, {
             "now": T0, "ids": [c["id"]], "fences": [c["fence"]], "statuses": ["completed"],
             "outputs": [None], "errors": [None], "run_ats": [None], "refunds": [0],
             **no_waits(1), "pool": "default", "limit": 1, "worker_id": "w1",
             "lease_s": 30.0}).fetchall()
-        assert db.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "on"
+        assert _commit_mode(db) == "on"
     assert sorted((r["claimed"], r["status"]) for r in rows) == [
         (False, "completed"), (True, "running")]
 
 
-def test_job_run_claim_is_the_claim_half_of_job_run_finish_and_claim_word_for_word() -> None:
+def _commit_mode(db: Conn) -> str:
+    row = db.execute("SHOW synchronous_commit").fetchone()
+    assert row is not None
+    return str(row["synchronous_commit"])
+
+
+def test_job_run_claim_is_the_claim_half_of_job_run_finish_and_claim_word_for_word(
+        db: Conn, q: Queries) -> None:
     from notifyq._db.queries import named_queries
 
     def claim_ctes(body: str) -> str:
@@ -314,6 +321,16 @@ def test_job_run_claim_is_the_claim_half_of_job_run_finish_and_claim_word_for_wo
     assert claim_ctes(alone) == claim_ctes(combined)
     assert "finished" not in alone
     assert "unnest" not in alone
+    # And the same columns come back, named and typed alike (the completer reads both).
+    claim_only = db.execute(q.job_run_claim, {
+        "now": T0, "pool": "default", "limit": 0, "worker_id": "w", "lease_s": 30.0})
+    both = db.execute(q.job_run_finish_and_claim, {
+        **NO_CLAIM, "now": T0, "ids": [], "fences": [], "statuses": [], "outputs": [],
+        "errors": [], "run_ats": [], "refunds": [], **no_waits(0)})
+    assert claim_only.description is not None
+    assert both.description is not None
+    assert [(d.name, d.type_code) for d in claim_only.description] == [
+        (d.name, d.type_code) for d in both.description]
 
 
 # -- finish ---------------------------------------------------------------------------------------

@@ -342,7 +342,8 @@ async def test_a_lone_enqueuer_writes_every_run_on_the_same_warm_connection(app:
     assert len(await _backend_of_last_insert(app)) == 1
 
 
-async def test_concurrent_batches_share_the_warm_connection_with_the_pool(app: App) -> None:
+async def test_concurrent_batches_share_the_warm_connection_with_the_pool(app: App,
+                                                                          dsn: str) -> None:
     async def batch(k: int) -> None:
         await app.enqueue_many([{"job_type": "t.echo", "input": {"k": k, "i": i}}
                                 for i in range(50)])
@@ -352,15 +353,23 @@ async def test_concurrent_batches_share_the_warm_connection_with_the_pool(app: A
             tg.start_soon(batch, k)
     assert await _count(app) == 200
     # Which backend each of those used is a race (a pooled one's last statement may be a later
-    # wake-up); with the warm connection held, a batch must go to the pool, at once.
-    async with app._runtime.warm_connection() as held:
-        with anyio.fail_after(10):
-            await batch(4)
-        [latest] = await fetch(
-            app, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                 " AND query LIKE '%%INSERT INTO \"notifyq\".job_run %%'"
-                 " ORDER BY query_start DESC LIMIT 1")
-        assert latest["pid"] != held.info.backend_pid
+    # wake-up); with the warm connection held, a batch must go to the pool, at once. Watched
+    # from a connection of the test's own, so no pooled one's last statement is overwritten.
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watch:
+        async def last_inserts() -> dict[int, Any]:
+            cur = await watch.execute(
+                "SELECT pid, query_start FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND query LIKE '%INSERT INTO \"notifyq\".job_run %'")
+            return dict(await cur.fetchall())
+
+        async with app._runtime.warm_connection() as held:
+            before = await last_inserts()
+            with anyio.fail_after(10):
+                await batch(4)
+            after = await last_inserts()
+        assert after.get(held.info.backend_pid) == before.get(held.info.backend_pid)
+        assert any(at != before.get(pid) for pid, at in after.items())
     assert await _count(app) == 250
 
 

@@ -21,7 +21,7 @@ from notifyq import (
     Snooze,
 )
 from notifyq._control import StatusCount
-from notifyq._dispatch.completer import Completer
+from notifyq._dispatch.completer import Claim, Completer
 from notifyq._dispatch.outcome import Outcome
 from notifyq._errors import LeaseLost
 from notifyq._maintenance.reaper import Reaper
@@ -485,6 +485,51 @@ async def test_a_worker_only_claims_from_its_pools(app: App) -> None:
 
 
 # -- fencing --------------------------------------------------------------------------------------
+
+async def test_a_claim_alone_is_its_own_statement_and_its_runs_start_before_its_producer_wakes(
+        app: App, dsn: str) -> None:
+    run = await app.enqueue("t.x", {})
+    db, q = await app.pool(), app._runtime.queries
+    completer = Completer(db, q, app.clock, worker_id="w", dsn=dsn)
+    order: list[str] = []
+    slot = anyio.Event()
+    claimed: list[dict[str, Any]] = []
+
+    def start(row: dict[str, Any]) -> None:  # what Worker._start does: wake an idle slot
+        claimed.append(row)
+        slot.set()
+
+    claim = Claim("default", False, False, lambda: 10, start, idle=True)
+
+    async def handler_slot() -> None:
+        await slot.wait()
+        order.append("handler slot")
+
+    async def producer() -> None:
+        await completer.claim(claim)
+        order.append("producer")
+
+    async def completer_statement() -> str:
+        return str(await scalar(app, "SELECT query FROM pg_stat_activity"
+                                     " WHERE application_name = 'notifyq-completer'"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(completer.run)
+        async with anyio.create_task_group() as asking:
+            asking.start_soon(handler_slot)
+            asking.start_soon(producer)
+        # Nothing to write back: job_run_claim, not the combined statement's empty half.
+        alone = await completer_statement()
+        await completer.write(run.id, claimed[0]["fence"], Outcome(RunStatus.COMPLETED))
+        combined = await completer_statement()
+        completer.close()
+    assert order == ["handler slot", "producer"]
+    assert (claim.want, claim.got, claimed[0]["id"]) == (10, 1, run.id)
+    assert "set_config('synchronous_commit', 'off', true)" in alone
+    assert "unnest" not in alone
+    assert "unnest" in combined
+    assert (await run_row(app, run.id))["status"] == "completed"
+
 
 async def test_a_stale_worker_loses_its_write_after_a_takeover(dsn: str) -> None:
     clock = ManualClock(datetime.now(UTC) + timedelta(seconds=1))
