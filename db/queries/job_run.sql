@@ -193,6 +193,57 @@ SELECT true AS claimed, id, pool, 'running' AS status, job_type, job_version, in
        dedupe_key, created_at, cancel_requested_at, claimed_at, trace_context
 FROM claimed
 
+-- name: job_run_claim_keyed_then_plain
+-- An idle worker's claim in a pool with a concurrency-limited or rate-limited handler (the
+-- `webhooks` pool: a delivery's key is its endpoint): job_run_claim_keyed's claim, then
+-- job_run_claim's plain claim for what is left of the limit, in one statement and one round
+-- trip where two were. The plain half is job_run_claim's `picked` and `claimed` word for word
+-- but for its LIMIT (tests/db/test_job_run_queries.py keeps them alike); it reads the snapshot
+-- taken before _claim_keyed ran, which is safe because the two halves never take the same row
+-- (the plain claim leaves out every run with a concurrency or rate key). Commits
+-- asynchronously, as job_run_claim does.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+                  set_config('synchronous_commit', 'off', true) AS commit_mode),
+keyed AS (
+    -- set_config here too: with no plain run to claim, `n` may never be read.
+    SELECT c.*
+    FROM {schema}._claim_keyed(%(pool)s, %(limit)s, %(worker_id)s, %(lease_s)s, %(now)s) AS c,
+         LATERAL (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode
+),
+picked AS (
+    SELECT id FROM {schema}.job_run j, n
+    WHERE status = 'pending' AND pool = %(pool)s AND run_at <= n.now
+      AND concurrency_key IS NULL AND rate_key IS NULL
+      AND NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'pool' AND name = %(pool)s)
+      AND (NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'type')
+           OR NOT EXISTS (SELECT FROM {schema}.pause p
+                          WHERE p.kind = 'type' AND p.name = j.job_type))
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s - (SELECT count(*) FROM keyed)
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE {schema}.job_run r
+    SET status = 'running', attempts = r.attempts + 1, fence = {schema}._new_fence(),
+        claimed_at = n.now, started_at = coalesce(r.started_at, n.now),
+        leased_by = %(worker_id)s, lease_expires_at = n.now + make_interval(secs => %(lease_s)s),
+        updated_at = n.now
+    FROM picked, n
+    WHERE r.id = picked.id
+    RETURNING r.id, r.job_type, r.job_version, r.input, r.pool, r.priority, r.run_at, r.attempts,
+              r.max_attempts, r.timeout_s, r.fence, r.tags, r.parent_run_id, r.root_run_id,
+              r.dedupe_key, r.created_at, r.cancel_requested_at, r.claimed_at, r.trace_context
+)
+SELECT true AS claimed, id, pool, 'running' AS status, job_type, job_version, input, priority,
+       run_at, attempts, max_attempts, timeout_s, fence, tags, parent_run_id, root_run_id,
+       dedupe_key, created_at, cancel_requested_at, claimed_at, trace_context
+FROM keyed
+UNION ALL
+SELECT true, id, pool, 'running', job_type, job_version, input, priority, run_at, attempts,
+       max_attempts, timeout_s, fence, tags, parent_run_id, root_run_id, dedupe_key, created_at,
+       cancel_requested_at, claimed_at, trace_context
+FROM claimed
+
 -- name: job_run_claim_keyed
 -- Runs with a concurrency key, at most their limit running per key, and rate-limited runs while
 -- their key's window has room (see _claim_keyed). A claim alone, so it commits asynchronously,
