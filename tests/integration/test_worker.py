@@ -534,6 +534,29 @@ async def test_a_claim_alone_is_its_own_statement_and_its_runs_start_before_its_
     assert (await run_row(app, run.id))["status"] == "completed"
 
 
+async def test_an_idle_keyed_pools_claim_takes_keyed_and_plain_runs_in_one_statement(
+        app: App, dsn: str) -> None:
+    keyed = await app.enqueue_many([{"job_type": "t.k", "input": {}, "concurrency_key": "a",
+                                     "concurrency_limit": 1} for _ in range(2)])
+    plain = await app.enqueue("t.x", {})
+    db, q = await app.pool(), app._runtime.queries
+    completer = Completer(db, q, app.clock, worker_id="w", dsn=dsn)
+    claimed: list[dict[str, Any]] = []
+    claim = Claim("default", True, False, lambda: 10, claimed.append, idle=True)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(completer.run)
+        await completer.claim(claim)
+        sent = str(await scalar(app, "SELECT query FROM pg_stat_activity"
+                                     " WHERE application_name = 'notifyq-completer'"))
+        completer.close()
+    assert completer.batches == 1
+    assert "_claim_keyed(" in sent
+    assert "picked AS" in sent
+    # One of the key (its limit is 1), then the plain run.
+    assert [r["id"] for r in claimed] == [keyed[0].id, plain.id]
+    assert claim.got == 2
+
+
 async def test_a_stale_worker_loses_its_write_after_a_takeover(dsn: str) -> None:
     clock = ManualClock(datetime.now(UTC) + timedelta(seconds=1))
     app = App(settings=fast_settings(dsn), clock=clock)
