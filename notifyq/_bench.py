@@ -588,7 +588,8 @@ class Bench:
                         "outputs": [None] * k, "errors": [None] * k, "run_ats": [None] * k,
                         "refunds": [0] * k, "wait_kinds": [None] * k,
                         "wait_tokens": [None] * k, "waiting_ons": [None] * k,
-                    }) if k else await conn.execute(q.job_run_claim, claim)).fetchall()
+                    }) if k else await conn.execute(q.job_run_claim,
+                                                    {**claim, "keyed": False})).fetchall()
                     rows = [r for r in rows if r["claimed"]]
                     if not rows and not k:
                         return

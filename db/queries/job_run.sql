@@ -148,13 +148,24 @@ SELECT octet_length(%(input)s::jsonb::text) AS size
 SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payload
 
 -- name: job_run_claim
--- An idle worker's claim (no write-backs queued): job_run_finish_and_claim's claim half alone,
--- its `picked` and `claimed` CTEs word for word (tests/db/test_job_run_queries.py keeps the two
--- alike). Its own statement because the write-back half costs even when empty: an UPDATE node
--- opens and locks every index of job_run at executor start, rows or not. One pending run
--- claimed by a warm connection on a cached generic plan, 2-core VM, 3 x 150 claims interleaved
--- with the combined statement (empty write-backs): after 20-50 ms idle p50 1.54 -> 1.01 ms,
--- p99 2.38 -> 1.71; back to back 0.89 -> 0.44 ms.
+-- An idle worker's claim (no write-backs queued): with `keyed` (a pool with a concurrency-limited
+-- or rate-limited handler, such as `webhooks`: a delivery's key is its endpoint) first the keyed
+-- claim of job_run_claim_keyed, then the plain claim for what is left of the limit, all in one
+-- statement and one round trip. Without `keyed` the keyed CTE is a one-time filter that never
+-- calls _claim_keyed (same cost as without it: 3 x 150 claims interleaved, p50 0.92 / 0.96 ms
+-- after 20-50 ms idle, 0.47 / 0.48 back to back).
+--
+-- The plain half is job_run_finish_and_claim's `picked` and `claimed` CTEs word for word but
+-- for the LIMIT (tests/db/test_job_run_queries.py keeps the two alike). It reads the snapshot
+-- taken before _claim_keyed ran, which is safe because the halves never take the same row (the
+-- plain claim leaves out every run with a concurrency or rate key).
+--
+-- Its own statement because the combined one's write-back half costs even when empty: an
+-- UPDATE node opens and locks every index of job_run at executor start, rows or not. One
+-- pending run claimed by a warm connection on a cached generic plan, 2-core VM, 3 x 150 claims
+-- interleaved with the combined statement (empty write-backs): after 20-50 ms idle p50 1.54 ->
+-- 1.01 ms, p99 2.38 -> 1.71; back to back 0.89 -> 0.44 ms. A keyed pool's wake-up, before as
+-- two statements: p50 1.75-2.02 -> 1.50-1.84 ms (CHANGELOG).
 --
 -- It commits with synchronous_commit off: no WAL flush to wait for, so the wake-up does not pay
 -- the disk's fsync (p50 0.3 ms, p99 several ms here). A server crash can lose such a claim; the
@@ -164,51 +175,12 @@ SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payl
 -- carries any earlier asynchronous claim with it.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
                   set_config('synchronous_commit', 'off', true) AS commit_mode),
-picked AS (
-    SELECT id FROM {schema}.job_run j, n
-    WHERE status = 'pending' AND pool = %(pool)s AND run_at <= n.now
-      AND concurrency_key IS NULL AND rate_key IS NULL
-      AND NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'pool' AND name = %(pool)s)
-      AND (NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'type')
-           OR NOT EXISTS (SELECT FROM {schema}.pause p
-                          WHERE p.kind = 'type' AND p.name = j.job_type))
-    ORDER BY priority, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-),
-claimed AS (
-    UPDATE {schema}.job_run r
-    SET status = 'running', attempts = r.attempts + 1, fence = {schema}._new_fence(),
-        claimed_at = n.now, started_at = coalesce(r.started_at, n.now),
-        leased_by = %(worker_id)s, lease_expires_at = n.now + make_interval(secs => %(lease_s)s),
-        updated_at = n.now
-    FROM picked, n
-    WHERE r.id = picked.id
-    RETURNING r.id, r.job_type, r.job_version, r.input, r.pool, r.priority, r.run_at, r.attempts,
-              r.max_attempts, r.timeout_s, r.fence, r.tags, r.parent_run_id, r.root_run_id,
-              r.dedupe_key, r.created_at, r.cancel_requested_at, r.claimed_at, r.trace_context
-)
-SELECT true AS claimed, id, pool, 'running' AS status, job_type, job_version, input, priority,
-       run_at, attempts, max_attempts, timeout_s, fence, tags, parent_run_id, root_run_id,
-       dedupe_key, created_at, cancel_requested_at, claimed_at, trace_context
-FROM claimed
-
--- name: job_run_claim_keyed_then_plain
--- An idle worker's claim in a pool with a concurrency-limited or rate-limited handler (the
--- `webhooks` pool: a delivery's key is its endpoint): job_run_claim_keyed's claim, then
--- job_run_claim's plain claim for what is left of the limit, in one statement and one round
--- trip where two were. The plain half is job_run_claim's `picked` and `claimed` word for word
--- but for its LIMIT (tests/db/test_job_run_queries.py keeps them alike); it reads the snapshot
--- taken before _claim_keyed ran, which is safe because the two halves never take the same row
--- (the plain claim leaves out every run with a concurrency or rate key). Commits
--- asynchronously, as job_run_claim does.
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
-                  set_config('synchronous_commit', 'off', true) AS commit_mode),
 keyed AS (
     -- set_config here too: with no plain run to claim, `n` may never be read.
     SELECT c.*
     FROM {schema}._claim_keyed(%(pool)s, %(limit)s, %(worker_id)s, %(lease_s)s, %(now)s) AS c,
          LATERAL (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode
+    WHERE %(keyed)s
 ),
 picked AS (
     SELECT id FROM {schema}.job_run j, n

@@ -266,9 +266,11 @@ class Completer:
         if claim is not None:
             asked = {"now": params["now"], "pool": claim.pool, "limit": claim.want,
                      "worker_id": self._worker_id, "lease_s": self._lease_s}
-            if claim.keyed and not claim.fair and not params["ids"]:
-                # An idle keyed pool (the webhooks pool): both claims in one round trip.
-                cur = await conn.execute(self._q.job_run_claim_keyed_then_plain, asked,
+            if not params["ids"] and not claim.fair:
+                # A claim alone (an idle worker woken), keyed pools' included: one statement
+                # without the empty write-back half, committed asynchronously; see
+                # job_run_claim.
+                cur = await conn.execute(self._q.job_run_claim, {**asked, "keyed": claim.keyed},
                                          binary=True)
                 return await cur.fetchall()
             if claim.keyed:
@@ -284,12 +286,11 @@ class Completer:
         if params["ids"]:
             cur = await conn.execute(self._q.job_run_finish_and_claim, params, binary=True)
             rows += await cur.fetchall()
-        elif params["limit"]:
-            # A claim alone (an idle worker woken): without the empty write-back half, which
-            # costs even with no rows, and committed asynchronously; see job_run_claim.
+        elif params["limit"]:  # a fair pool's claim alone: the plain rest, after _claim_fair
             cur = await conn.execute(self._q.job_run_claim, {
                 "now": params["now"], "pool": params["pool"], "limit": params["limit"],
-                "worker_id": self._worker_id, "lease_s": self._lease_s}, binary=True)
+                "worker_id": self._worker_id, "lease_s": self._lease_s, "keyed": False},
+                binary=True)
             rows += await cur.fetchall()
         return rows
 

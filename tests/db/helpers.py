@@ -36,11 +36,13 @@ def insert_one(conn: Conn, q: Queries, request: EnqueueRequest | Prepared, *,
 
 
 def claim(conn: Conn, q: Queries, now: datetime | None, *, pool: str = "default", limit: int = 10,
-          worker_id: str = "w1", lease_s: float = 30.0) -> list[dict[str, Any]]:
-    """``job_run_claim``: what a worker with nothing to write back sends."""
+          worker_id: str = "w1", lease_s: float = 30.0, keyed: bool = False,
+          ) -> list[dict[str, Any]]:
+    """``job_run_claim``: what a worker with nothing to write back sends (``keyed``: in a
+    pool with a concurrency-limited or rate-limited handler)."""
     return conn.execute(q.job_run_claim, {
         "now": now, "pool": pool, "limit": limit, "worker_id": worker_id,
-        "lease_s": lease_s}).fetchall()
+        "lease_s": lease_s, "keyed": keyed}).fetchall()
 
 
 def finish(conn: Conn, q: Queries, now: datetime | None, items: list[tuple[UUID, int, str]], *,

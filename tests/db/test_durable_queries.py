@@ -56,54 +56,35 @@ def claimed(db: Conn, q: Queries, job_type: str = "t.a") -> dict[str, Any]:
 # -- keyed claims -----------------------------------------------------------------------------
 
 
-def claim_keyed_then_plain(db: Conn, q: Queries, *, limit: int = 10) -> list[dict[str, Any]]:
-    return db.execute(q.job_run_claim_keyed_then_plain, {
-        "now": None, "pool": "default", "limit": limit, "worker_id": "w",
-        "lease_s": 30.0}).fetchall()
-
-
-def test_job_run_claim_keyed_then_plain_claims_keyed_runs_then_plain_ones_within_the_limit(
+def test_job_run_claim_keyed_claims_keyed_runs_then_plain_ones_within_the_limit(
         db: Conn, q: Queries) -> None:
     for _ in range(3):
         enqueue(db, q, concurrency_key="a", concurrency_limit=2)
     plain = [enqueue(db, q) for _ in range(4)]
-    first = claim_keyed_then_plain(db, q, limit=5)
+    # Not keyed: the plain claim alone, the keyed runs left (one-time filter, no _claim_keyed).
+    [alone] = claim(db, q, None, limit=1, worker_id="w")
+    assert alone["id"] == plain[0]["id"]
+    first = claim(db, q, None, limit=4, worker_id="w", keyed=True)
     # The key's two, then plain runs in their order for the rest of the limit.
-    assert [r["id"] for r in first[2:]] == [r["id"] for r in plain[:3]]
-    assert [(r["claimed"], r["status"]) for r in first] == [(True, "running")] * 5
+    assert [r["id"] for r in first[2:]] == [r["id"] for r in plain[1:3]]
+    assert [(r["claimed"], r["status"]) for r in first] == [(True, "running")] * 4
     assert count(db, "status = 'running' AND concurrency_key = 'a'") == 2
     assert count(db, "status = 'running' AND concurrency_key IS NULL") == 3
     assert all(r["fence"] != 0 and r["attempts"] == 1 for r in first)
     # The key is full: only the last plain run is left to claim.
-    assert [r["id"] for r in claim_keyed_then_plain(db, q)] == [plain[3]["id"]]
-    assert claim_keyed_then_plain(db, q) == []
+    assert [r["id"] for r in claim(db, q, None, keyed=True)] == [plain[3]["id"]]
+    assert claim(db, q, None, keyed=True) == []
 
 
-def test_job_run_claim_keyed_then_plain_commits_asynchronously(db: Conn, q: Queries) -> None:
+def test_job_run_claim_keyed_commits_asynchronously_with_only_keyed_runs_claimed(
+        db: Conn, q: Queries) -> None:
     enqueue(db, q, concurrency_key="a")
     with db.transaction():
-        [row] = claim_keyed_then_plain(db, q)
+        [row] = claim(db, q, None, keyed=True)
         mode = db.execute("SHOW synchronous_commit").fetchone()
         assert mode is not None
         assert mode["synchronous_commit"] == "off"
     assert row["claimed"] is True
-
-
-def test_job_run_claim_keyed_then_plain_is_job_run_claim_after_the_keyed_claim(
-        db: Conn, q: Queries) -> None:
-    from notifyq._db.queries import named_queries
-
-    bodies = named_queries()["job_run"]
-    both, alone = bodies["job_run_claim_keyed_then_plain"], bodies["job_run_claim"]
-    plain_half = both[both.index("picked AS ("):].replace(
-        "LIMIT %(limit)s - (SELECT count(*) FROM keyed)", "LIMIT %(limit)s")
-    assert plain_half.startswith(alone[alone.index("picked AS ("):alone.index("SELECT true")])
-    params = {"now": None, "pool": "default", "limit": 0, "worker_id": "w", "lease_s": 30.0}
-    a = db.execute(q.job_run_claim_keyed_then_plain, params).description
-    b = db.execute(q.job_run_claim, params).description
-    assert a is not None
-    assert b is not None
-    assert [(d.name, d.type_code) for d in a] == [(d.name, d.type_code) for d in b]
 
 
 def test_job_run_claim_keyed_claims_at_most_the_limit_per_key(db: Conn, q: Queries) -> None:

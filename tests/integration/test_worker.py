@@ -569,7 +569,7 @@ async def test_a_stale_worker_loses_its_write_after_a_takeover(dsn: str) -> None
             async with db.connection() as conn:
                 cur = await conn.execute(q.job_run_claim, {
                     "now": clock.db_now(), "pool": "default", "limit": 1,
-                    "worker_id": worker_id, "lease_s": 3.0})
+                    "worker_id": worker_id, "lease_s": 3.0, "keyed": False})
                 [row] = await cur.fetchall()
                 return row
 
