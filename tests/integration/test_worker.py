@@ -514,7 +514,8 @@ async def test_a_claim_alone_is_its_own_statement_and_its_runs_start_before_its_
 
     async def completer_statement() -> str:
         return str(await scalar(app, "SELECT query FROM pg_stat_activity"
-                                     " WHERE application_name = 'notifyq-completer'"))
+                                     " WHERE application_name = 'notifyq-completer'"
+                                     " AND datname = current_database()"))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(completer.run)
@@ -547,7 +548,8 @@ async def test_an_idle_keyed_pools_claim_takes_keyed_and_plain_runs_in_one_state
         tg.start_soon(completer.run)
         await completer.claim(claim)
         sent = str(await scalar(app, "SELECT query FROM pg_stat_activity"
-                                     " WHERE application_name = 'notifyq-completer'"))
+                                     " WHERE application_name = 'notifyq-completer'"
+                                     " AND datname = current_database()"))
         completer.close()
     assert completer.batches == 1
     assert "_claim_keyed(" in sent
