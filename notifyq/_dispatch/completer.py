@@ -212,13 +212,11 @@ class Completer:
         finally:
             if rows is None and claim is not None:
                 claim.done.set()  # failed or cancelled: nothing to start
-        try:
-            written = _start_claimed(rows, claim)
-        finally:
-            # Once the rows are started: the first handler then runs before the producer's
-            # turn (the event loop resumes woken tasks in the order they were woken).
-            if claim is not None:
-                claim.done.set()
+        written = _start_claimed(rows, claim)
+        # Once the rows are started: the first handler then runs before the producer's turn
+        # (the event loop resumes woken tasks in the order they were woken).
+        if claim is not None:
+            claim.done.set()
         self._report(writes, written)
 
     def _report(self, writes: list[_Pending], written: dict[UUID, dict[str, Any]]) -> None:
@@ -318,12 +316,22 @@ class Completer:
 
 
 def _start_claimed(rows: list[dict[str, Any]], claim: Claim | None) -> dict[UUID, dict[str, Any]]:
-    """Start the statement's claimed runs; return its write-back rows by run id."""
+    """Start the statement's claimed runs; return its write-back rows by run id.
+
+    A run that cannot be started (a bug: ``start`` only reads the row) is logged, left to its
+    lease like a run of a crashed worker, and not counted in ``got`` (its slot goes back to the
+    producer); the other runs start, and every write-back of the statement is still reported,
+    so no executor waits for a callback that never comes."""
     written: dict[UUID, dict[str, Any]] = {}
     for row in rows:
         if row["claimed"]:
-            claim.got += 1  # type: ignore[union-attr]  # only a claim returns these
-            claim.start(row)  # type: ignore[union-attr]
+            try:
+                claim.start(row)  # type: ignore[union-attr]  # only a claim returns these
+            except Exception:
+                log.exception("run %s was claimed but could not be started; it runs again "
+                              "when its lease expires", row["id"])
+            else:
+                claim.got += 1  # type: ignore[union-attr]
         else:
             written[row["id"]] = row
     return written

@@ -535,6 +535,52 @@ async def test_a_claim_alone_is_its_own_statement_and_its_runs_start_before_its_
     assert (await run_row(app, run.id))["status"] == "completed"
 
 
+async def test_a_claimed_run_that_cannot_start_leaves_the_statements_other_work_alone(
+        app: App, dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    # A bug in starting one claimed run must not cost the statement's write-backs their
+    # callbacks (their executors would wait forever) nor the completer its loop.
+    held = await app.enqueue("t.x", {})
+    broken = await app.enqueue("t.x", {})
+    fine = await app.enqueue("t.x", {})
+    db, q = await app.pool(), app._runtime.queries
+    async with db.connection() as conn:
+        cur = await conn.execute(q.job_run_claim, {
+            "now": None, "pool": "default", "limit": 1, "worker_id": "w", "lease_s": 30.0,
+            "keyed": False})
+        row = await cur.fetchone()
+    assert row is not None
+    assert row["id"] == held.id
+    completer = Completer(db, q, app.clock, worker_id="w", dsn=dsn)
+    started: list[Any] = []
+
+    def start(claimed: dict[str, Any]) -> None:
+        if claimed["id"] == broken.id:
+            raise KeyError("a column that is not there")
+        started.append(claimed["id"])
+
+    claim = Claim("default", False, False, lambda: 10, start)
+    reported: list[tuple[bool, BaseException | None]] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(completer.run)
+        # Queued before the completer's turn: one statement writes back and claims.
+        completer.submit(held.id, row["fence"], Outcome(RunStatus.COMPLETED),
+                         lambda written, error: reported.append((written, error)))
+        await completer.claim(claim)
+        # The completer is still running: a later write-back goes through.
+        await completer.write(fine.id, (await run_row(app, fine.id))["fence"],
+                              Outcome(RunStatus.COMPLETED))
+        completer.close()
+    assert reported == [(True, None)]
+    assert started == [fine.id]
+    assert (claim.want, claim.got) == (10, 1)  # the slot of the run not started goes back
+    assert completer.batches == 2
+    assert f"run {broken.id} was claimed but could not be started" in caplog.text
+    rows = await fetch(app, "SELECT id, status, leased_by FROM notifyq.job_run ORDER BY id")
+    assert rows == [{"id": held.id, "status": "completed", "leased_by": None},
+                    {"id": broken.id, "status": "running", "leased_by": "w"},
+                    {"id": fine.id, "status": "completed", "leased_by": None}]
+
+
 async def test_an_idle_keyed_pools_claim_takes_keyed_and_plain_runs_in_one_statement(
         app: App, dsn: str) -> None:
     keyed = await app.enqueue_many([{"job_type": "t.k", "input": {}, "concurrency_key": "a",
