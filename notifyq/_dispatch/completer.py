@@ -329,7 +329,7 @@ def _start_claimed(rows: list[dict[str, Any]], claim: Claim | None) -> dict[UUID
                 claim.start(row)  # type: ignore[union-attr]  # only a claim returns these
             except Exception:
                 log.exception("run %s was claimed but could not be started; it runs again "
-                              "when its lease expires", row["id"])
+                              "when its lease expires", row.get("id"))
             else:
                 claim.got += 1  # type: ignore[union-attr]
         else:
