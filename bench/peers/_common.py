@@ -11,7 +11,8 @@ the median):
 * ``enqueue_1`` / ``enqueue_8``: the peer's single-job enqueue call from 1 and from 8 concurrent
   asyncio tasks; jobs/s.
 * ``bulk``: the peer's bulk call in batches of 1,000; jobs/s.
-* ``drain``: ``drain_n`` jobs enqueued untimed (bulk), then one worker at concurrency 10 in this
+* ``drain``: ``drain_n`` jobs enqueued untimed (bulk), the database ``ANALYZE``d (as
+  autovacuum would have it on a user's), then one worker at concurrency 10 in this
   process; timed from the worker's start until every job is done (the peer's own burst mode
   when it has one, else the worker runs until SQL shows all done and is then stopped). Then SQL
   in the peer's own tables must show every job completed exactly once, and the handler must
@@ -205,6 +206,9 @@ async def cell_drain(peer: Peer, sizes: Sizes, concurrency: int,
     await _enqueue_untimed(peer, n)
     Probe.executed = 0
     async with await psycopg.AsyncConnection.connect(peer.dsn, autocommit=True) as conn:
+        # Every peer's tables analyzed, as autovacuum would have them on a user's database:
+        # plans that only stats bring (good or bad) are part of what a user gets.
+        await conn.execute("ANALYZE")
         t0 = time.perf_counter()
         if peer.has_burst:
             await peer.burst(concurrency)

@@ -200,8 +200,8 @@ claimed AS (
         claimed_at = n.now, started_at = coalesce(r.started_at, n.now),
         leased_by = %(worker_id)s, lease_expires_at = n.now + make_interval(secs => %(lease_s)s),
         updated_at = n.now
-    FROM picked, n
-    WHERE r.id = picked.id
+    FROM n
+    WHERE r.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING r.id, r.job_type, r.job_version, r.input, r.pool, r.priority, r.run_at, r.attempts,
               r.max_attempts, r.timeout_s, r.fence, r.tags, r.parent_run_id, r.root_run_id,
               r.dedupe_key, r.created_at, r.cancel_requested_at, r.claimed_at, r.trace_context
@@ -274,6 +274,14 @@ FROM n
 -- statement sends back to pending is not claimed again by it (the next cycle can). The claim's
 -- SET list is `_claim_ids`'s (the plpgsql claims'), written inline here to stay one statement.
 --
+-- The claimed rows are found by their ids (`= ANY (ARRAY(...))`, an index probe each), not by
+-- joining `picked` back to job_run: the completer plans this statement once and generically
+-- (worker_session_generic_plans), without the LIMIT's value, and the planner then guesses a
+-- tenth of the due backlog for `picked`. On a large backlog that autovacuum had analyzed, the
+-- join became a hash join over a sequential scan of the whole table in every claim: 100,000
+-- pending runs drained at 306 runs/s, 3,251 with the ids (2-core VM, concurrency 10;
+-- tests/db/test_job_run_queries.py checks the plan).
+--
 -- A claim with no write-backs (an idle worker woken by a NOTIFY) is job_run_claim, this
 -- statement's claim half alone; this one always has write-backs and commits synchronously.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
@@ -331,8 +339,8 @@ claimed AS (
         claimed_at = n.now, started_at = coalesce(r.started_at, n.now),
         leased_by = %(worker_id)s, lease_expires_at = n.now + make_interval(secs => %(lease_s)s),
         updated_at = n.now
-    FROM picked, n
-    WHERE r.id = picked.id
+    FROM n
+    WHERE r.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING r.id, r.job_type, r.job_version, r.input, r.pool, r.priority, r.run_at, r.attempts,
               r.max_attempts, r.timeout_s, r.fence, r.tags, r.parent_run_id, r.root_run_id,
               r.dedupe_key, r.created_at, r.cancel_requested_at, r.claimed_at, r.trace_context

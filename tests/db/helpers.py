@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -93,3 +94,26 @@ def count(conn: Conn, where: str = "true") -> int:
 
 def seconds(s: float) -> timedelta:
     return timedelta(seconds=s)
+
+
+def generic_plan(conn: Conn, statement: str) -> str:
+    """EXPLAIN of ``statement``'s generic plan, the one a session with ``plan_cache_mode =
+    force_generic_plan`` keeps (the completer's, see worker_session_generic_plans): prepared
+    with its named parameters as $1..$n, planned without their values."""
+    names: list[str] = []
+
+    def positional(match: re.Match[str]) -> str:
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+
+    body = re.sub(r"%\((\w+)\)s", positional, statement)
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    conn.execute(f"PREPARE generic_plan_of AS {body}", prepare=False)
+    try:
+        nulls = ", ".join(["NULL"] * len(names))
+        rows = conn.execute(f"EXPLAIN EXECUTE generic_plan_of({nulls})", prepare=False)
+        return "\n".join(str(row["QUERY PLAN"]) for row in rows)
+    finally:
+        conn.execute("DEALLOCATE generic_plan_of", prepare=False)
+        conn.execute("RESET plan_cache_mode")
