@@ -48,4 +48,15 @@ RETURNING id
 -- 9,192-9,195 runs/s; this connection (generic plans, a busy backend), before and after
 -- alternated twice: 7,564-7,931 -> 9,368-9,502 runs/s, PostgreSQL CPU per run 72-73 -> 52-54 us,
 -- idle wake p50 1.6-1.8 -> 1.2 ms, p99 2.3-2.4 -> 1.6-1.8 ms.
-SET plan_cache_mode = force_generic_plan
+--
+-- A plan kept that long is made with whatever statistics job_run had when the worker started:
+-- none (a new or truncated table, a guessed 10 pages) or a large analyzed backlog. No join or
+-- scan chosen for one of those is right for the other (the claim's rows by id: a sequential
+-- scan looked cheapest on an empty table, then read the whole table in every claim as it grew;
+-- a join of the picked ids, right on an empty table, became a hash join over the whole table
+-- on an analyzed backlog). Every statement of this session reaches job_run by an index, so the
+-- session rules sequential scans out (`enable_seqscan` only adds a cost: a table with no
+-- usable index is still read), and its plans hold at any size
+-- (tests/db/test_job_run_queries.py plans them both ways).
+SELECT set_config('plan_cache_mode', 'force_generic_plan', false),
+       set_config('enable_seqscan', 'off', false)

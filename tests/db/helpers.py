@@ -96,10 +96,10 @@ def seconds(s: float) -> timedelta:
     return timedelta(seconds=s)
 
 
-def generic_plan(conn: Conn, statement: str) -> str:
-    """EXPLAIN of ``statement``'s generic plan, the one a session with ``plan_cache_mode =
-    force_generic_plan`` keeps (the completer's, see worker_session_generic_plans): prepared
-    with its named parameters as $1..$n, planned without their values."""
+def completer_plan(conn: Conn, q: Queries, statement: str) -> str:
+    """EXPLAIN of the plan the completer's session keeps for ``statement``
+    (``worker_session_generic_plans``: generic, planned once): prepared with its named
+    parameters as $1..$n, planned without their values."""
     names: list[str] = []
 
     def positional(match: re.Match[str]) -> str:
@@ -108,12 +108,12 @@ def generic_plan(conn: Conn, statement: str) -> str:
         return f"${names.index(match[1]) + 1}"
 
     body = re.sub(r"%\((\w+)\)s", positional, statement)
-    conn.execute("SET plan_cache_mode = force_generic_plan")
-    conn.execute(f"PREPARE generic_plan_of AS {body}", prepare=False)
+    conn.execute(q.worker_session_generic_plans)
+    conn.execute(f"PREPARE completer_plan_of AS {body}", prepare=False)
     try:
         nulls = ", ".join(["NULL"] * len(names))
-        rows = conn.execute(f"EXPLAIN EXECUTE generic_plan_of({nulls})", prepare=False)
+        rows = conn.execute(f"EXPLAIN EXECUTE completer_plan_of({nulls})", prepare=False)
         return "\n".join(str(row["QUERY PLAN"]) for row in rows)
     finally:
-        conn.execute("DEALLOCATE generic_plan_of", prepare=False)
-        conn.execute("RESET plan_cache_mode")
+        conn.execute("DEALLOCATE completer_plan_of", prepare=False)
+        conn.execute("RESET ALL")

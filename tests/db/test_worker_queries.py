@@ -61,6 +61,8 @@ def test_the_completers_session_plans_its_statements_once(db: Conn, q: Queries) 
     db.execute(q.worker_session_generic_plans)
     assert db.execute("SHOW plan_cache_mode").fetchone() == {"plan_cache_mode":
                                                             "force_generic_plan"}
+    # Plans that must hold at any table size reach job_run by index (see the statement).
+    assert db.execute("SHOW enable_seqscan").fetchone() == {"enable_seqscan": "off"}
     # A prepared statement on such a session is planned generically from its first run.
     db.execute("PREPARE nq_t(text) AS SELECT count(*) FROM notifyq.job_run WHERE pool = $1")
     for _ in range(3):
