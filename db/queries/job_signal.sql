@@ -14,7 +14,8 @@ SELECT {schema}._signal(%(token)s, %(payload)s::jsonb, %(tenant_ids)s::text[]) A
 -- runs waiting on one token take two different signals.
 WITH run AS (
     SELECT id FROM {schema}.job_run
-    WHERE id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+    -- `(SELECT 'running')`: by primary key, never every running run (job_run_finish_and_claim).
+    WHERE id = %(run_id)s AND fence = %(fence)s AND status = (SELECT 'running')
 ),
 taken AS (
     DELETE FROM {schema}.job_signal s

@@ -18,7 +18,8 @@ INSERT INTO {schema}.job_step (run_id, step_id, seq, kind, status, output, error
 SELECT r.id, %(step_id)s, %(seq)s, %(kind)s, %(status)s, %(output)s::jsonb, %(error)s::jsonb,
        %(attempts)s, %(attempt)s, %(started_at)s, coalesce(%(now)s::timestamptz, now())
 FROM {schema}.job_run r, async_commit
-WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.status = 'running'
+-- `(SELECT 'running')`: by primary key, never every running run (job_run_finish_and_claim).
+WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.status = (SELECT 'running')
 ON CONFLICT (run_id, step_id) DO UPDATE
 SET seq = excluded.seq, kind = excluded.kind, status = excluded.status, output = excluded.output,
     error = excluded.error, attempts = job_step.attempts + excluded.attempts,

@@ -337,18 +337,23 @@ def test_job_run_claim_is_the_claim_half_of_job_run_finish_and_claim_word_for_wo
         (d.name, d.type_code) for d in both.description]
 
 
-@pytest.mark.parametrize("name", ["job_run_claim", "job_run_finish_and_claim"])
+@pytest.mark.parametrize("name", ["job_run_claim", "job_run_finish_and_claim",
+                                  "job_run_heartbeat_many", "job_step_record",
+                                  "job_signal_consume", "job_run_spawn_child"])
 @pytest.mark.parametrize("backlog", [0, 20_000])
-def test_the_completers_plans_reach_job_run_by_index_at_any_size(
+def test_the_completers_plans_reach_runs_by_id_at_any_size(
         db: Conn, q: Queries, name: str, backlog: int) -> None:
     """The completer keeps one generic plan per statement (worker_session_generic_plans), made
     with the statistics of the moment and without the LIMIT's value (the planner guesses a
-    tenth of the due backlog). Joining the picked ids back to job_run became a hash join over
-    a sequential scan of the whole table once autovacuum had analyzed a large backlog (100,000
-    pending runs drained at 306 runs/s instead of 3,251); taking them by id instead chose a
-    sequential scan when planned on an empty table, which then read the whole table in every
-    claim as it grew (under a steady 2,000 runs/s: wake-up p99 0.5-0.9 s). Neither may happen:
-    no sequential scan of job_run, and the claimed rows reached by their ids."""
+    tenth of the due backlog). Each of these plans once went wrong at one table size and was
+    kept at another: joining the picked ids back to job_run became a hash join over a
+    sequential scan of the whole table on an analyzed backlog (100,000 pending runs drained at
+    306 runs/s instead of 3,251); taking them by id chose a sequential scan when planned on an
+    empty table (under a steady 2,000 runs/s: wake-up p99 0.5-0.9 s); the write-back read every
+    running run through job_run_running_idx (27 ms a statement with 2,000 runs running). So:
+    no sequential scan of job_run, no walk of the running runs, every row by its primary key.
+    The fenced writes of one run (a step, a signal, a child) go on pooled connections, where
+    even a custom plan chose job_run_running_idx on a table with few runs running."""
     if backlog:
         db.execute("INSERT INTO notifyq.job_run (id, job_type, input) "
                    "SELECT gen_random_uuid(), 't.a', '{}' FROM generate_series(1, %s)",
@@ -356,7 +361,11 @@ def test_the_completers_plans_reach_job_run_by_index_at_any_size(
         db.execute("ANALYZE notifyq.job_run")
     plan = completer_plan(db, q, getattr(q, name))
     assert "Seq Scan on job_run" not in plan, plan
-    assert "Index Cond: (id = ANY" in plan, plan  # by job_run_pkey
+    assert "job_run_running_idx" not in plan, plan
+    if name in ("job_run_claim", "job_run_finish_and_claim"):
+        assert "Index Cond: (id = ANY" in plan, plan  # the claimed rows, by job_run_pkey
+    if name != "job_run_claim":
+        assert "using job_run_pkey on job_run" in plan, plan  # the written ones
 
 
 # -- finish ---------------------------------------------------------------------------------------
