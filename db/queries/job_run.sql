@@ -282,13 +282,16 @@ FROM n
 -- pending runs drained at 306 runs/s, 3,251 with the ids (2-core VM, concurrency 10;
 -- tests/db/test_job_run_queries.py checks the plan).
 --
--- The written-back rows are found by id for the same reason. Written `status = 'running'`, the
--- condition lets the planner read the partial index of running runs (job_run_running_idx)
--- instead, and a plan made while few runs were running (an empty table at the worker's start)
--- keeps doing so: every write-back then read every running run of every worker and compared it
--- with each outcome (one worker's 20 write-backs + 20 claims: 4 ms a statement with no other
--- runs running, 27 ms with 2,000, 112 ms with 10,000). `status = (SELECT 'running')`, a value
--- the planner does not know, cannot select that index: the rows come by primary key.
+-- The written-back rows are found by id for the same reason, and each way around the ids went
+-- wrong once. Joined to `v` alone, a plan made on a table of 100 rows read the primary key from
+-- its start in a merge join with the sorted outcomes: ids grow with time, so every write-back
+-- read the index of every older run (wake-up p99 under 2,000 runs/s: 0.2-2.2 s). Hence
+-- `r.id = ANY (ids)`, an index condition. Written `status = 'running'`, the condition let the
+-- planner walk the partial index of running runs (job_run_running_idx) instead, and a plan made
+-- while few runs were running kept doing so: every write-back read every running run of every
+-- worker (one worker's 20 write-backs + 20 claims: 4 ms a statement with no other runs running,
+-- 27 ms with 2,000, 112 ms with 10,000). `status = (SELECT 'running')`, a value the planner
+-- does not know, cannot select that index.
 --
 -- A claim with no write-backs (an idle worker woken by a NOTIFY) is job_run_claim, this
 -- statement's claim half alone; this one always has write-backs and commits synchronously.
@@ -326,8 +329,9 @@ finished AS (
                            THEN n.now END,
         leased_by = NULL, lease_expires_at = NULL, updated_at = n.now
     FROM v, n
-    -- `(SELECT 'running')`, not 'running': see below.
-    WHERE r.id = v.id AND r.fence = v.fence AND r.status = (SELECT 'running')
+    -- `= ANY (ids)` and `(SELECT 'running')`: see above.
+    WHERE r.id = ANY (%(ids)s::uuid[]) AND r.id = v.id AND r.fence = v.fence
+      AND r.status = (SELECT 'running')
     RETURNING r.id, r.pool, r.status
 ),
 picked AS (
@@ -376,8 +380,9 @@ WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 UPDATE {schema}.job_run r
 SET lease_expires_at = n.now + make_interval(secs => %(lease_s)s), updated_at = n.now
 FROM unnest(%(ids)s::uuid[], %(fences)s::bigint[]) AS v(id, fence), n
--- `(SELECT 'running')`: as in job_run_finish_and_claim, the rows by id, never every running row.
-WHERE r.id = v.id AND r.fence = v.fence AND r.status = (SELECT 'running')
+-- `= ANY (ids)` and `(SELECT 'running')`: as in job_run_finish_and_claim, the rows by id.
+WHERE r.id = ANY (%(ids)s::uuid[]) AND r.id = v.id AND r.fence = v.fence
+  AND r.status = (SELECT 'running')
 RETURNING r.id, r.cancel_requested_at IS NOT NULL AS cancel_requested
 
 -- name: job_run_reap_expired
