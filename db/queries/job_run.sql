@@ -211,10 +211,13 @@ SELECT true AS claimed, id, pool, 'running' AS status, job_type, job_version, in
        dedupe_key, created_at, cancel_requested_at, claimed_at, trace_context
 FROM keyed
 UNION ALL
-SELECT true, id, pool, 'running', job_type, job_version, input, priority, run_at, attempts,
-       max_attempts, timeout_s, fence, tags, parent_run_id, root_run_id, dedupe_key, created_at,
-       cancel_requested_at, claimed_at, trace_context
-FROM claimed
+-- In claim order: an UPDATE returns its rows in the order its scan met them (the primary
+-- key's or the heap's), and the worker starts them in the order they come back.
+(SELECT true, id, pool, 'running', job_type, job_version, input, priority, run_at, attempts,
+        max_attempts, timeout_s, fence, tags, parent_run_id, root_run_id, dedupe_key, created_at,
+        cancel_requested_at, claimed_at, trace_context
+ FROM claimed
+ ORDER BY priority, run_at, id)
 
 -- name: job_run_claim_keyed
 -- Runs with a concurrency key, at most their limit running per key, and rate-limited runs while
@@ -367,10 +370,13 @@ SELECT false AS claimed, id, pool, status, NULL::text AS job_type, NULL::integer
        NULL::jsonb AS trace_context
 FROM finished
 UNION ALL
-SELECT true, id, pool, 'running', job_type, job_version, input, priority, run_at, attempts,
-       max_attempts, timeout_s, fence, tags, parent_run_id, root_run_id, dedupe_key, created_at,
-       cancel_requested_at, claimed_at, trace_context
-FROM claimed
+-- In claim order: an UPDATE returns its rows in the order its scan met them (the primary
+-- key's or the heap's), and the worker starts them in the order they come back.
+(SELECT true, id, pool, 'running', job_type, job_version, input, priority, run_at, attempts,
+        max_attempts, timeout_s, fence, tags, parent_run_id, root_run_id, dedupe_key, created_at,
+        cancel_requested_at, claimed_at, trace_context
+ FROM claimed
+ ORDER BY priority, run_at, id)
 
 -- name: job_run_heartbeat_many
 -- Extends the leases of the runs a worker is executing; a run missing from the result has been

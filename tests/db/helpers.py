@@ -96,10 +96,11 @@ def seconds(s: float) -> timedelta:
     return timedelta(seconds=s)
 
 
-def completer_plan(conn: Conn, q: Queries, statement: str) -> str:
-    """EXPLAIN of the plan the completer's session keeps for ``statement``
-    (``worker_session_generic_plans``: generic, planned once): prepared with its named
-    parameters as $1..$n, planned without their values."""
+def generic_plan(conn: Conn, statement: str, *, session: str | None = None) -> str:
+    """EXPLAIN of ``statement``'s generic plan: the one the completer's session keeps
+    (``session=q.worker_session_generic_plans``: generic, planned once) or, by default, the
+    one a pooled connection's "auto" may settle on after its first executions. Prepared with
+    its named parameters as $1..$n, planned without their values."""
     names: list[str] = []
 
     def positional(match: re.Match[str]) -> str:
@@ -108,12 +109,12 @@ def completer_plan(conn: Conn, q: Queries, statement: str) -> str:
         return f"${names.index(match[1]) + 1}"
 
     body = re.sub(r"%\((\w+)\)s", positional, statement)
-    conn.execute(q.worker_session_generic_plans)
-    conn.execute(f"PREPARE completer_plan_of AS {body}", prepare=False)
+    conn.execute(session or "SET plan_cache_mode = force_generic_plan")
+    conn.execute(f"PREPARE generic_plan_of AS {body}", prepare=False)
     try:
         nulls = ", ".join(["NULL"] * len(names))
-        rows = conn.execute(f"EXPLAIN EXECUTE completer_plan_of({nulls})", prepare=False)
+        rows = conn.execute(f"EXPLAIN EXECUTE generic_plan_of({nulls})", prepare=False)
         return "\n".join(str(row["QUERY PLAN"]) for row in rows)
     finally:
-        conn.execute("DEALLOCATE completer_plan_of", prepare=False)
+        conn.execute("DEALLOCATE generic_plan_of", prepare=False)
         conn.execute("RESET ALL")
