@@ -149,10 +149,20 @@ class RequireToken:
             header = dict(scope.get("headers") or []).get(b"authorization", b"")
             token = self.auth.authenticate(header.decode("latin-1"))
             if isinstance(token, str):
-                await problem(401, token, headers=CHALLENGE)(scope, receive, send)
+                # A body left unread ends the connection (the server does not drain it): say
+                # so, or a keep-alive client sends its next request into a closing socket.
+                closing = _has_body(scope)
+                headers = {**CHALLENGE, "Connection": "close"} if closing else CHALLENGE
+                await problem(401, token, headers=headers)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="notifyq"'}
+
+
+def _has_body(scope: ASGIScope) -> bool:
+    headers = dict(scope.get("headers") or [])
+    return (b"transfer-encoding" in headers
+            or headers.get(b"content-length", b"0").strip() not in (b"0", b""))
 _PUBLIC = ("/v1/openapi.json", "/v1/docs")

@@ -61,6 +61,9 @@ def test_a_request_without_a_valid_token_is_401_before_its_body_is_read(
                 bad_json = http.post("/v1/jobs", content=b'{"job_type": ')
                 assert bad_json.status_code == 401, bad_json.text
                 assert bad_json.headers["www-authenticate"] == 'Bearer realm="notifyq"'
+                # Its body was never read: the server closes, and says so, so this client
+                # does not send the next request into a closing connection.
+                assert bad_json.headers["connection"] == "close"
                 assert http.post("/v1/jobs", content=b"{}").status_code == 401
                 too_big = http.post("/v1/jobs", content=b"x" * 2_000_000)
                 assert too_big.status_code == 401, too_big.text
