@@ -286,8 +286,8 @@ FROM n
 -- tests/db/test_job_run_queries.py checks the plan).
 --
 -- The written-back rows are found by id for the same reason, and each way around the ids went
--- wrong once. Joined to `v` alone, a plan made on a table of 100 rows read the primary key from
--- its start in a merge join with the sorted outcomes: ids grow with time, so every write-back
+-- wrong once. Joined to `v` alone, a plan made on a small table read the primary key from its
+-- start in a merge (or hash) join with the outcomes: ids grow with time, so every write-back
 -- read the index of every older run (wake-up p99 under 2,000 runs/s: 0.2-2.2 s). Hence
 -- `r.id = ANY (ids)`, an index condition. Written `status = 'running'`, the condition let the
 -- planner walk the partial index of running runs (job_run_running_idx) instead, and a plan made

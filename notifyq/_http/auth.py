@@ -149,20 +149,14 @@ class RequireToken:
             header = dict(scope.get("headers") or []).get(b"authorization", b"")
             token = self.auth.authenticate(header.decode("latin-1"))
             if isinstance(token, str):
-                # A body left unread ends the connection (the server does not drain it): say
-                # so, or a keep-alive client sends its next request into a closing socket.
-                closing = _has_body(scope)
-                headers = {**CHALLENGE, "Connection": "close"} if closing else CHALLENGE
-                await problem(401, token, headers=headers)(scope, receive, send)
+                # Refused unread, as BodyLimit refuses: the server does not drain a body left
+                # unread, so say the connection ends, or a keep-alive client sends its next
+                # request into a closing socket.
+                await problem(401, token, headers={**CHALLENGE, "Connection": "close"})(
+                    scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="notifyq"'}
-
-
-def _has_body(scope: ASGIScope) -> bool:
-    headers = dict(scope.get("headers") or [])
-    return (b"transfer-encoding" in headers
-            or headers.get(b"content-length", b"0").strip() not in (b"0", b""))
 _PUBLIC = ("/v1/openapi.json", "/v1/docs")
