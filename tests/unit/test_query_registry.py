@@ -8,6 +8,7 @@ import difflib
 import textwrap
 from pathlib import Path
 
+import pytest
 from mypy import api as mypy_api
 
 from notifyq._db.queries import Queries, named_queries, queries_for
@@ -95,3 +96,32 @@ def test_mypy_rejects_an_unknown_query_name(tmp_path: Path) -> None:
     assert out.splitlines()[0] == (
         f'{probe}:4: error: "Queries" has no attribute '
         '"job_run_finish_and_claimm"  [attr-defined]'), out
+
+
+def test_every_query_fits_psycopgs_statement_cache() -> None:
+    """psycopg converts a query's placeholders once and caches the result only up to
+    MAX_CACHED_STATEMENT_LENGTH bytes; a longer query is parsed again at every execution (the
+    worker's own statement was one byte over, ~4 % of its Python CPU)."""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    q = queries_for("notifyq")
+    too_long = {name: len(getattr(q, name).encode()) for name in q.names()
+                if len(getattr(q, name).encode()) > MAX_CACHED_STATEMENT_LENGTH}
+    assert too_long == {}
+
+
+def test_queries_are_sent_without_indentation_and_keep_their_literals() -> None:
+    q = Queries("notifyq")
+    body = named_queries()["job_run"]["job_run_finish_and_claim"]
+    assert "\n    " in body  # the file is indented ...
+    assert "\n " not in q.job_run_finish_and_claim  # ... what is sent is not
+    assert "'pending', 'waiting'" in q.job_run_finish_and_claim
+
+
+def test_a_literal_that_spans_lines_is_refused_when_the_registry_loads() -> None:
+    from notifyq._db.queries import _unindented
+
+    assert _unindented("ok", "SELECT 'a' -- it's fine\n  FROM t") == (
+        "SELECT 'a' -- it's fine\nFROM t")
+    with pytest.raises(RuntimeError, match="query bad: a string literal spans lines"):
+        _unindented("bad", "SELECT 'a\n  b'")
