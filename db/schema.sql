@@ -45,6 +45,10 @@ DECLARE
     woken record;
     hit   record;
 BEGIN
+    IF NEW.awaited THEN
+        PERFORM pg_notify(current_schema(), 'd:' || NEW.id);
+    END IF;
+
     IF NEW.parent_run_id IS NOT NULL THEN
         UPDATE job_run p
         SET children_done = p.children_done || NEW.id,
@@ -159,16 +163,7 @@ CREATE TABLE notifyq.job_run (
     trace_context jsonb,
     rate_key text,
     CONSTRAINT job_run_attempts_check CHECK ((attempts >= 0)),
-    CONSTRAINT job_run_concurrency_limit_check CHECK ((concurrency_limit >= 1)),
-    CONSTRAINT job_run_input_check CHECK ((jsonb_typeof(input) = ANY (ARRAY['object'::text, 'array'::text]))),
-    CONSTRAINT job_run_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
-    CONSTRAINT job_run_parent_close_policy_check CHECK ((parent_close_policy = ANY (ARRAY['terminate'::text, 'cancel'::text, 'abandon'::text]))),
-    CONSTRAINT job_run_priority_check CHECK (((priority >= '-1000'::integer) AND (priority <= 1000))),
-    CONSTRAINT job_run_rate_key_check CHECK ((length(rate_key) <= 2048)),
-    CONSTRAINT job_run_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text]))),
-    CONSTRAINT job_run_timeout_s_check CHECK ((timeout_s > (0)::double precision)),
-    CONSTRAINT job_run_trigger_source_check CHECK ((trigger_source = ANY (ARRAY['manual'::text, 'schedule'::text, 'event'::text, 'parent'::text]))),
-    CONSTRAINT job_run_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['sleep'::text, 'children'::text, 'signal'::text])))
+    CONSTRAINT job_run_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1');
 
@@ -416,11 +411,25 @@ $$;
 CREATE FUNCTION notifyq._enqueue(p_job_type text, p_input jsonb, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_priority integer DEFAULT NULL::integer, p_pool text DEFAULT NULL::text, p_max_attempts integer DEFAULT NULL::integer, p_dedupe_key text DEFAULT NULL::text, p_tags text[] DEFAULT NULL::text[], p_id uuid DEFAULT NULL::uuid, p_notify boolean DEFAULT true, p_dedupe_window_s double precision DEFAULT NULL::double precision, p_trigger_source text DEFAULT 'manual'::text, p_trigger_ref text DEFAULT NULL::text, p_concurrency_key text DEFAULT NULL::text, p_concurrency_limit integer DEFAULT NULL::integer, p_concurrency_collision text DEFAULT NULL::text, p_scope_entity_type text DEFAULT NULL::text, p_scope_entity_id text DEFAULT NULL::text, p_tenant_id text DEFAULT NULL::text, p_parent_run_id uuid DEFAULT NULL::uuid, p_root_run_id uuid DEFAULT NULL::uuid, p_parent_close_policy text DEFAULT NULL::text, p_allow_unknown_type boolean DEFAULT false, p_dedupe_states text[] DEFAULT NULL::text[]) RETURNS notifyq.job_run
     LANGUAGE plpgsql
     SET search_path TO 'notifyq', 'public'
-    AS $$
+    AS $_$
 DECLARE
     run job_run;
     def job;
 BEGIN
+    IF p_pool IS NOT NULL AND (p_pool !~ '^[a-z0-9_][a-z0-9_.:-]*$' OR length(p_pool) > 64) THEN
+        RAISE EXCEPTION 'notifyq: invalid pool %: it must match ^[a-z0-9_][a-z0-9_.:-]{0,63}$',
+            quote_literal(left(p_pool, 200)) USING ERRCODE = '22023';
+    END IF;
+    IF p_trigger_source IS NOT NULL
+       AND p_trigger_source NOT IN ('manual', 'schedule', 'event', 'parent') THEN
+        RAISE EXCEPTION 'notifyq: trigger source % must be manual, schedule, event or parent',
+            quote_literal(p_trigger_source) USING ERRCODE = '22023';
+    END IF;
+    IF p_parent_close_policy IS NOT NULL
+       AND p_parent_close_policy NOT IN ('terminate', 'cancel', 'abandon') THEN
+        RAISE EXCEPTION 'notifyq: parent close policy % must be terminate, cancel or abandon',
+            quote_literal(p_parent_close_policy) USING ERRCODE = '22023';
+    END IF;
     run := _enqueue_row(p_job_type, p_input, p_run_at, p_priority, p_pool, p_max_attempts,
                         p_dedupe_key, p_tags, p_id, p_notify, p_dedupe_window_s,
                         p_trigger_source, p_trigger_ref, p_concurrency_key, p_concurrency_limit,
@@ -438,7 +447,7 @@ BEGIN
     END IF;
     RETURN run;
 END
-$$;
+$_$;
 
 --
 -- Name: _enqueue_row(text, jsonb, timestamp with time zone, integer, text, integer, text, text[], uuid, boolean, double precision, text, text, text, integer, text, text, text, text, uuid, uuid, text, boolean, text[]); Type: FUNCTION; Schema: notifyq; Owner: -
@@ -618,20 +627,6 @@ $$;
 CREATE FUNCTION notifyq._new_fence() RETURNS bigint
     LANGUAGE sql
     AS $$ SELECT 1 + floor(random() * 4503599627370496)::bigint $$;
-
---
--- Name: _notify_awaited(); Type: FUNCTION; Schema: notifyq; Owner: -
---
-
-CREATE FUNCTION notifyq._notify_awaited() RETURNS trigger
-    LANGUAGE plpgsql
-    SET search_path TO 'notifyq', 'public'
-    AS $$
-BEGIN
-    PERFORM pg_notify(current_schema(), 'd:' || NEW.id);
-    RETURN NULL;
-END
-$$;
 
 --
 -- Name: _rate_key(text, text, jsonb); Type: FUNCTION; Schema: notifyq; Owner: -
@@ -1227,25 +1222,11 @@ ALTER TABLE ONLY notifyq.job
     ADD CONSTRAINT job_pkey PRIMARY KEY (type);
 
 --
--- Name: job_run job_run_job_type_check; Type: CHECK CONSTRAINT; Schema: notifyq; Owner: -
---
-
-ALTER TABLE notifyq.job_run
-    ADD CONSTRAINT job_run_job_type_check CHECK (((job_type ~ '^[a-z0-9_][a-z0-9_.:-]*$'::text) AND (length(job_type) <= 128))) NOT VALID;
-
---
 -- Name: job_run job_run_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
 --
 
 ALTER TABLE ONLY notifyq.job_run
     ADD CONSTRAINT job_run_pkey PRIMARY KEY (id);
-
---
--- Name: job_run job_run_pool_check; Type: CHECK CONSTRAINT; Schema: notifyq; Owner: -
---
-
-ALTER TABLE notifyq.job_run
-    ADD CONSTRAINT job_run_pool_check CHECK (((pool ~ '^[a-z0-9_][a-z0-9_.:-]*$'::text) AND (length(pool) <= 64))) NOT VALID;
 
 --
 -- Name: job_signal job_signal_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
@@ -1538,16 +1519,10 @@ CREATE INDEX webhook_endpoint_tenant_idx ON notifyq.webhook_endpoint USING btree
 CREATE INDEX webhook_secret_endpoint_idx ON notifyq.webhook_secret USING btree (endpoint_id, created_at);
 
 --
--- Name: job_run job_run_awaited; Type: TRIGGER; Schema: notifyq; Owner: -
---
-
-CREATE TRIGGER job_run_awaited AFTER UPDATE OF status ON notifyq.job_run FOR EACH ROW WHEN ((new.awaited AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])))) EXECUTE FUNCTION notifyq._notify_awaited();
-
---
 -- Name: job_run job_run_finished; Type: TRIGGER; Schema: notifyq; Owner: -
 --
 
-CREATE TRIGGER job_run_finished AFTER UPDATE OF status ON notifyq.job_run FOR EACH ROW WHEN (((new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])) AND ((new.parent_run_id IS NOT NULL) OR new.has_children))) EXECUTE FUNCTION notifyq._after_run_finished();
+CREATE TRIGGER job_run_finished AFTER UPDATE OF finished_at ON notifyq.job_run FOR EACH ROW WHEN (((new.awaited OR (new.parent_run_id IS NOT NULL) OR new.has_children) AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])))) EXECUTE FUNCTION notifyq._after_run_finished();
 
 --
 -- Name: job_run job_run_parent_run_id_fkey; Type: FK CONSTRAINT; Schema: notifyq; Owner: -

@@ -2,8 +2,10 @@
 (``notifyq._enqueue.validate``), the job policies, durable runs' signals and steps, and the
 admin API's schemas, which import these names and state no number of their own.
 
-The database states the run limits too: job_run's CHECK constraints, the ``_enqueue`` function
-that every SQL enqueue goes through, and the bulk-insert queries. tests/db/test_limits.py reads
+The database states the run limits too: the ``_enqueue`` function that every SQL enqueue goes
+through, the job definition's CHECK constraints and the insert queries (job_run itself checks
+only its status and attempts since migration 0020: each CHECK cost every statement that wrote a
+run 16-62k server instructions). tests/db/test_limits.py reads
 them from the catalog and the query files and fails when the two sides disagree: changing a
 limit here needs a migration there, and the other way round.
 """

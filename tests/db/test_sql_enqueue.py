@@ -75,6 +75,19 @@ def test_sql_enqueue_dedupe_is_race_free_across_transactions(db: Conn, db2: Conn
      psycopg.errors.InvalidParameterValue, "run_at .* is out of range"),
     ("SELECT notifyq.enqueue('t.a', '{}', run_at => '3000-01-01Z')",
      psycopg.errors.InvalidParameterValue, "run_at .* is out of range"),
+    # Checked by _enqueue since migration 0020 (the table's CHECKs on them are gone).
+    ("SELECT notifyq.enqueue('t.a', '{}', pool => 'Bad Pool')",
+     psycopg.errors.InvalidParameterValue, "invalid pool 'Bad Pool': it must match"),
+    ("SELECT notifyq.enqueue('t.a', '{}', pool => repeat('p', 65))",
+     psycopg.errors.InvalidParameterValue, "invalid pool 'p{65}'"),
+    ("SELECT notifyq._enqueue('t.a', '{}', p_trigger_source => 'cron')",
+     psycopg.errors.InvalidParameterValue,
+     "trigger source 'cron' must be manual, schedule, event or parent"),
+    ("SELECT notifyq._enqueue('t.a', '{}', p_parent_close_policy => 'orphan')",
+     psycopg.errors.InvalidParameterValue,
+     "parent close policy 'orphan' must be terminate, cancel or abandon"),
+    ("SELECT notifyq._enqueue('t.a', '{}', p_concurrency_key => 'k', p_concurrency_limit => 0)",
+     psycopg.errors.InvalidParameterValue, "concurrency limit 0 must be at least 1"),
 ])
 def test_sql_enqueue_refuses_bad_input_and_writes_nothing(
         db: Conn, call: str, error: type[Exception], message: str) -> None:

@@ -119,7 +119,7 @@ async def test_waiting_for_an_unknown_run_raises_run_not_found(waiting_app: App)
 
 async def test_a_missed_notification_is_made_up_for_by_the_recheck(
         dsn: str, sql: psycopg.Connection[Any]) -> None:
-    sql.execute("ALTER TABLE notifyq.job_run DISABLE TRIGGER job_run_awaited")  # NOTIFY lost
+    sql.execute("ALTER TABLE notifyq.job_run DISABLE TRIGGER job_run_finished")  # NOTIFY lost
     app = App(settings=fast_settings(dsn))
     app._awaiter = Awaiter(app._runtime, recheck_s=0.3)
     async with app:
