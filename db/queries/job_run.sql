@@ -147,41 +147,26 @@ SELECT octet_length(%(input)s::jsonb::text) AS size
 -- name: job_run_notify
 SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payload
 
--- name: job_run_claim
--- An idle worker's claim (no write-backs queued): with `keyed` (a pool with a concurrency-limited
--- or rate-limited handler, such as `webhooks`: a delivery's key is its endpoint) first the keyed
--- claim of job_run_claim_keyed, then the plain claim for what is left of the limit, all in one
--- statement and one round trip. Without `keyed` the keyed CTE is a one-time filter that never
--- calls _claim_keyed (same cost as without it: 3 x 150 claims interleaved, p50 0.92 / 0.96 ms
--- after 20-50 ms idle, 0.47 / 0.48 back to back).
+-- fragment: job_run_claim_plain
+-- The plain claim, shared by the three claiming statements below (job_run_claim,
+-- job_run_claim_keyed_then_plain, job_run_finish_and_claim): up to `claim_limit.runs` runnable
+-- runs of one pool, best priority then oldest run_at first, then in enqueue order (the id: a
+-- batch shares its run_at; migration 0007). SKIP LOCKED lets any number of workers claim
+-- concurrently without waiting on each other; each claim draws a fresh random fence
+-- (`_new_fence`, migration 0018) so write-backs from any earlier claim of the same run match
+-- nothing. `claimed_at` is the database's now: the worker times retries from it, not from its
+-- own clock. The SET list is `_claim_ids`'s (the plpgsql claims'), written inline to stay one
+-- statement. Runs with a concurrency or rate key are left to the keyed claim.
 --
--- The plain half is job_run_finish_and_claim's `picked` and `claimed` CTEs word for word but
--- for the LIMIT (tests/db/test_job_run_queries.py keeps the two alike). It reads the snapshot
--- taken before _claim_keyed ran, which is safe because the halves never take the same row (the
--- plain claim leaves out every run with a concurrency or rate key).
---
--- Its own statement because the combined one's write-back half costs even when empty: an
--- UPDATE node opens and locks every index of job_run at executor start, rows or not. One
--- pending run claimed by a warm connection on a cached generic plan, 2-core VM, 3 x 150 claims
--- interleaved with the combined statement (empty write-backs): after 20-50 ms idle p50 1.54 ->
--- 1.01 ms, p99 2.38 -> 1.71; back to back 0.89 -> 0.44 ms. A keyed pool's wake-up, before as
--- two statements: p50 1.75-2.02 -> 1.50-1.84 ms (CHANGELOG).
---
--- It commits with synchronous_commit off: no WAL flush to wait for, so the wake-up does not pay
--- the disk's fsync (p50 0.3 ms, p99 several ms here). A server crash can lose such a claim; the
--- run is then pending again under its old fence, and the random fence (`_new_fence`, migration
--- 0018) keeps the lost claim's holder from ever matching the next one
--- (tests/chaos/test_pg_restart.py). A write-back always commits synchronously, and its flush
--- carries any earlier asynchronous claim with it.
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
-                  set_config('synchronous_commit', 'off', true) AS commit_mode),
-keyed AS (
-    -- set_config here too: with no plain run to claim, `n` may never be read.
-    SELECT c.*
-    FROM {schema}._claim_keyed(%(pool)s, %(limit)s, %(worker_id)s, %(lease_s)s, %(now)s) AS c,
-         LATERAL (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode
-    WHERE %(keyed)s
-),
+-- The claimed rows are found by their ids (`= ANY (ARRAY(...))`, an index probe each), not by
+-- joining `picked` back to job_run: the completer plans its statements once and generically
+-- (worker_session_generic_plans), without the LIMIT's value, and the planner then guesses a
+-- tenth of the due backlog for `picked`. On a large backlog that autovacuum had analyzed, the
+-- join became a hash join over a sequential scan of the whole table in every claim: 100,000
+-- pending runs drained at 306 runs/s, 3,251 with the ids (2-core VM, concurrency 10;
+-- tests/db/test_job_run_queries.py checks the plan). An UPDATE returns its rows in the order its
+-- scan meets them, so each statement sorts `claimed` back into claim order: the worker starts
+-- them in the order they come back.
 picked AS (
     SELECT id FROM {schema}.job_run j, n
     WHERE status = 'pending' AND pool = %(pool)s AND run_at <= n.now
@@ -191,7 +176,7 @@ picked AS (
            OR NOT EXISTS (SELECT FROM {schema}.pause p
                           WHERE p.kind = 'type' AND p.name = j.job_type))
     ORDER BY priority, run_at, id
-    LIMIT %(limit)s - (SELECT count(*) FROM keyed)
+    LIMIT (SELECT runs FROM claim_limit)
     FOR UPDATE SKIP LOCKED
 ),
 claimed AS (
@@ -206,13 +191,55 @@ claimed AS (
               r.max_attempts, r.timeout_s, r.fence, r.tags, r.parent_run_id, r.root_run_id,
               r.dedupe_key, r.created_at, r.cancel_requested_at, r.claimed_at, r.trace_context
 )
+
+-- name: job_run_claim
+-- An idle worker's claim (no write-backs queued) in a pool without keyed runs: the plain claim
+-- alone. Its own statement because a combined one costs even when a half is empty: an UPDATE
+-- node opens and locks every index of job_run at executor start, rows or not (one claim after
+-- 20-50 ms idle, p50 1.54 -> 1.01 ms against job_run_finish_and_claim with no write-backs),
+-- and the keyed claim's function scan of job_run's whole row type, never called for a pool
+-- without keyed runs, cost 171k of this statement's 848k server instructions (callgrind,
+-- migration 0020's schema) when it was a one-time filter in here.
+--
+-- It commits with synchronous_commit off: no WAL flush to wait for, so the wake-up does not pay
+-- the disk's fsync (p50 0.3 ms, p99 several ms here). A server crash can lose such a claim; the
+-- run is then pending again under its old fence, and the random fence (`_new_fence`, migration
+-- 0018) keeps the lost claim's holder from ever matching the next one
+-- (tests/chaos/test_pg_restart.py). A write-back always commits synchronously, and its flush
+-- carries any earlier asynchronous claim with it.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+                  set_config('synchronous_commit', 'off', true) AS commit_mode),
+claim_limit AS (SELECT %(limit)s::integer AS runs),
+{job_run_claim_plain}
+SELECT true AS claimed, id, pool, 'running' AS status, job_type, job_version, input, priority,
+       run_at, attempts, max_attempts, timeout_s, fence, tags, parent_run_id, root_run_id,
+       dedupe_key, created_at, cancel_requested_at, claimed_at, trace_context
+FROM claimed
+ORDER BY priority, run_at, id
+
+-- name: job_run_claim_keyed_then_plain
+-- An idle worker's claim in a keyed pool (one with a concurrency-limited or rate-limited
+-- handler, such as `webhooks`: a delivery's key is its endpoint): first the keyed claim of
+-- job_run_claim_keyed, then the plain claim for what is left of the limit, in one statement and
+-- one round trip (as two statements a keyed pool's wake-up p50 was 1.75-2.02 ms, in one
+-- 1.50-1.84). The plain half reads the snapshot taken before _claim_keyed ran, which is safe
+-- because the halves never take the same row (the plain claim leaves out every run with a
+-- concurrency or rate key). Commits asynchronously, as job_run_claim does; set_config runs in
+-- `keyed` too, since with no plain run to claim `n` may never be read.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+                  set_config('synchronous_commit', 'off', true) AS commit_mode),
+keyed AS (
+    SELECT c.*
+    FROM {schema}._claim_keyed(%(pool)s, %(limit)s, %(worker_id)s, %(lease_s)s, %(now)s) AS c,
+         LATERAL (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode
+),
+claim_limit AS (SELECT %(limit)s - count(*)::integer AS runs FROM keyed),
+{job_run_claim_plain}
 SELECT true AS claimed, id, pool, 'running' AS status, job_type, job_version, input, priority,
        run_at, attempts, max_attempts, timeout_s, fence, tags, parent_run_id, root_run_id,
        dedupe_key, created_at, cancel_requested_at, claimed_at, trace_context
 FROM keyed
 UNION ALL
--- In claim order: an UPDATE returns its rows in the order its scan met them (the primary
--- key's or the heap's), and the worker starts them in the order they come back.
 (SELECT true, id, pool, 'running', job_type, job_version, input, priority, run_at, attempts,
         max_attempts, timeout_s, fence, tags, parent_run_id, root_run_id, dedupe_key, created_at,
         cancel_requested_at, claimed_at, trace_context
@@ -268,25 +295,12 @@ FROM n
 -- taken at claim (snooze, release at shutdown). A run whose cancel was requested never goes
 -- back to pending (a retry, snooze or release would drop the cancel): it is canceled instead.
 --
--- Claim: up to `limit` runnable runs of one pool, best priority then oldest run_at first, then
--- in enqueue order (the id: a batch shares its run_at; migration 0007). SKIP LOCKED lets any
--- number of workers claim concurrently without waiting on each other; each claim draws a fresh
--- random fence (`_new_fence`, migration 0018) so write-backs from any earlier claim of the same
--- run match nothing. `claimed_at` is the database's now: the worker times retries from it, not
--- from its own clock. Both halves read the snapshot taken before the statement, so a run this
--- statement sends back to pending is not claimed again by it (the next cycle can). The claim's
--- SET list is `_claim_ids`'s (the plpgsql claims'), written inline here to stay one statement.
+-- Claim: the plain claim (`job_run_claim_plain`, above) of up to `limit` runs. Both halves read
+-- the snapshot taken before the statement, so a run this statement sends back to pending is not
+-- claimed again by it (the next cycle can).
 --
--- The claimed rows are found by their ids (`= ANY (ARRAY(...))`, an index probe each), not by
--- joining `picked` back to job_run: the completer plans this statement once and generically
--- (worker_session_generic_plans), without the LIMIT's value, and the planner then guesses a
--- tenth of the due backlog for `picked`. On a large backlog that autovacuum had analyzed, the
--- join became a hash join over a sequential scan of the whole table in every claim: 100,000
--- pending runs drained at 306 runs/s, 3,251 with the ids (2-core VM, concurrency 10;
--- tests/db/test_job_run_queries.py checks the plan).
---
--- The written-back rows are found by id for the same reason, and each way around the ids went
--- wrong once. Joined to `v` alone, a plan made on a small table read the primary key from its
+-- The written-back rows are found by id, as the claimed ones are, and each way around the ids
+-- went wrong once. Joined to `v` alone, a plan made on a small table read the primary key from its
 -- start in a merge (or hash) join with the outcomes: ids grow with time, so every write-back
 -- read the index of every older run (wake-up p99 under 2,000 runs/s: 0.2-2.2 s). Hence
 -- `r.id = ANY (ids)`, an index condition. Written `status = 'running'`, the condition let the
@@ -296,8 +310,8 @@ FROM n
 -- 27 ms with 2,000, 112 ms with 10,000). `status = (SELECT 'running')`, a value the planner
 -- does not know, cannot select that index.
 --
--- A claim with no write-backs (an idle worker woken by a NOTIFY) is job_run_claim, this
--- statement's claim half alone; this one always has write-backs and commits synchronously.
+-- A claim with no write-backs (an idle worker woken by a NOTIFY) is job_run_claim (or
+-- job_run_claim_keyed_then_plain); this one always has write-backs and commits synchronously.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 v AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(fences)s::bigint[], %(statuses)s::text[],
@@ -337,30 +351,8 @@ finished AS (
       AND r.status = (SELECT 'running')
     RETURNING r.id, r.pool, r.status
 ),
-picked AS (
-    SELECT id FROM {schema}.job_run j, n
-    WHERE status = 'pending' AND pool = %(pool)s AND run_at <= n.now
-      AND concurrency_key IS NULL AND rate_key IS NULL
-      AND NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'pool' AND name = %(pool)s)
-      AND (NOT EXISTS (SELECT FROM {schema}.pause WHERE kind = 'type')
-           OR NOT EXISTS (SELECT FROM {schema}.pause p
-                          WHERE p.kind = 'type' AND p.name = j.job_type))
-    ORDER BY priority, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-),
-claimed AS (
-    UPDATE {schema}.job_run r
-    SET status = 'running', attempts = r.attempts + 1, fence = {schema}._new_fence(),
-        claimed_at = n.now, started_at = coalesce(r.started_at, n.now),
-        leased_by = %(worker_id)s, lease_expires_at = n.now + make_interval(secs => %(lease_s)s),
-        updated_at = n.now
-    FROM n
-    WHERE r.id = ANY (ARRAY(SELECT id FROM picked))
-    RETURNING r.id, r.job_type, r.job_version, r.input, r.pool, r.priority, r.run_at, r.attempts,
-              r.max_attempts, r.timeout_s, r.fence, r.tags, r.parent_run_id, r.root_run_id,
-              r.dedupe_key, r.created_at, r.cancel_requested_at, r.claimed_at, r.trace_context
-)
+claim_limit AS (SELECT %(limit)s::integer AS runs),
+{job_run_claim_plain}
 SELECT false AS claimed, id, pool, status, NULL::text AS job_type, NULL::integer AS job_version,
        NULL::jsonb AS input, NULL::integer AS priority, NULL::timestamptz AS run_at,
        NULL::integer AS attempts, NULL::integer AS max_attempts, NULL::float8 AS timeout_s,

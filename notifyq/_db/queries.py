@@ -5,6 +5,15 @@ Every SQL statement notifyq runs lives in ``db/queries/<entity>.sql`` as a named
     -- name: job_run_finish_and_claim
     WITH ... {schema}.job_run ...
 
+A part that several statements share is written once, as a fragment, and named where it goes
+(a fragment holds no other fragment)::
+
+    -- fragment: job_run_claim_plain
+    picked AS (...), claimed AS (...)
+
+    -- name: job_run_claim
+    WITH n AS (...), claim_limit AS (...), {job_run_claim_plain} SELECT ... FROM claimed
+
 The files are parsed once; ``{schema}`` is filled with the quoted identifier of the configured
 schema (``psycopg.sql.Identifier``), so queries work on any connection, the caller's included,
 without touching its ``search_path``.
@@ -26,28 +35,55 @@ from psycopg import sql
 from notifyq._db.files import sql_root
 from notifyq._db.query_names import QueryNames
 
-_NAME = re.compile(r"^--\s*name:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
+_BLOCK = re.compile(r"^--\s*(name|fragment):\s*([a-z0-9_]+)\s*$", re.MULTILINE)
+_PLACE = re.compile(r"(?<!\{)\{([a-z0-9_]+)\}(?!\})")
 
 
 @cache
-def named_queries() -> dict[str, dict[str, str]]:
-    """Per SQL file (its name without ``.sql``, the entity), its named queries' bodies in file
-    order, comments removed and ``{schema}`` not yet filled in."""
+def _blocks() -> tuple[dict[str, dict[str, str]], dict[str, str]]:
     files: dict[str, dict[str, str]] = {}
+    fragments: dict[str, str] = {}
     seen: dict[str, str] = {}
     for entry in sorted((sql_root() / "queries").iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
             continue
         entity = entry.name.removesuffix(".sql")
-        parts = _NAME.split(entry.read_text(encoding="utf-8"))
+        parts = _BLOCK.split(entry.read_text(encoding="utf-8"))
         files[entity] = {}
-        for name, body in zip(parts[1::2], parts[2::2], strict=True):
-            if name in seen:
-                raise RuntimeError(f"query {name} is defined twice (in {seen[name]}.sql and "
-                                   f"{entry.name})")
+        for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+            if name in seen or name == "schema":
+                raise RuntimeError(f"query {name} is defined twice (in {seen.get(name)}.sql "
+                                   f"and {entry.name})")
             seen[name] = entity
-            files[entity][name] = _strip_comments(body)
-    return files
+            (fragments if kind == "fragment" else files[entity])[name] = _strip_comments(body)
+    return files, fragments
+
+
+def named_queries() -> dict[str, dict[str, str]]:
+    """Per SQL file (its name without ``.sql``, the entity), its named queries' bodies in file
+    order, comments removed, fragments not yet put in and ``{schema}`` not yet filled in."""
+    return _blocks()[0]
+
+
+def fragments() -> dict[str, str]:
+    """The shared parts of queries (``-- fragment: name``), comments removed."""
+    return _blocks()[1]
+
+
+def with_fragments(name: str, body: str) -> str:
+    """``body`` with each ``{fragment}`` it names put in (``{schema}`` is left for later)."""
+    known = fragments()
+
+    def put(match: re.Match[str]) -> str:
+        placed = match.group(1)
+        if placed == "schema":
+            return match.group(0)
+        if placed not in known:
+            raise RuntimeError(f"query {name}: no fragment named {placed} (see -- fragment: "
+                               "blocks in db/queries/*.sql)")
+        return known[placed]
+
+    return _PLACE.sub(put, body)
 
 
 def _strip_comments(body: str) -> str:
@@ -105,7 +141,7 @@ class Queries(QueryNames):
         for blocks in named_queries().values():
             for name, body in blocks.items():
                 # The bodies come only from the packaged SQL files: literal strings in effect.
-                setattr(self, name, _compose(name, body, ident))
+                setattr(self, name, _compose(name, with_fragments(name, body), ident))
                 self._names.append(name)
 
     if not TYPE_CHECKING:  # for mypy an unknown name is an error, not an AttributeError

@@ -33,6 +33,7 @@ class QueryNames:
     job_run_input_size: LiteralString
     job_run_notify: LiteralString
     job_run_claim: LiteralString
+    job_run_claim_keyed_then_plain: LiteralString
     job_run_claim_keyed: LiteralString
     job_run_claim_fair: LiteralString
     job_run_next_run_at: LiteralString

@@ -268,8 +268,9 @@ class Completer:
                 # A claim alone (an idle worker woken), keyed pools' included: one statement
                 # without the empty write-back half, committed asynchronously; see
                 # job_run_claim.
-                cur = await conn.execute(self._q.job_run_claim, {**asked, "keyed": claim.keyed},
-                                         binary=True)
+                alone = (self._q.job_run_claim_keyed_then_plain if claim.keyed
+                         else self._q.job_run_claim)
+                cur = await conn.execute(alone, asked, binary=True)
                 return await cur.fetchall()
             if claim.keyed:
                 keyed = await (await conn.execute(self._q.job_run_claim_keyed, asked)).fetchall()
@@ -287,8 +288,7 @@ class Completer:
         elif params["limit"]:  # a fair pool's claim alone: the plain rest, after _claim_fair
             cur = await conn.execute(self._q.job_run_claim, {
                 "now": params["now"], "pool": params["pool"], "limit": params["limit"],
-                "worker_id": self._worker_id, "lease_s": self._lease_s, "keyed": False},
-                binary=True)
+                "worker_id": self._worker_id, "lease_s": self._lease_s}, binary=True)
             rows += await cur.fetchall()
         return rows
 

@@ -39,11 +39,11 @@ def insert_one(conn: Conn, q: Queries, request: EnqueueRequest | Prepared, *,
 def claim(conn: Conn, q: Queries, now: datetime | None, *, pool: str = "default", limit: int = 10,
           worker_id: str = "w1", lease_s: float = 30.0, keyed: bool = False,
           ) -> list[dict[str, Any]]:
-    """``job_run_claim``: what a worker with nothing to write back sends (``keyed``: in a
-    pool with a concurrency-limited or rate-limited handler)."""
-    return conn.execute(q.job_run_claim, {
+    """What a worker with nothing to write back sends: ``job_run_claim``, or with ``keyed`` (a
+    pool with a concurrency-limited or rate-limited handler) ``job_run_claim_keyed_then_plain``."""
+    return conn.execute(q.job_run_claim_keyed_then_plain if keyed else q.job_run_claim, {
         "now": now, "pool": pool, "limit": limit, "worker_id": worker_id,
-        "lease_s": lease_s, "keyed": keyed}).fetchall()
+        "lease_s": lease_s}).fetchall()
 
 
 def finish(conn: Conn, q: Queries, now: datetime | None, items: list[tuple[UUID, int, str]], *,

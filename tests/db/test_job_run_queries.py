@@ -330,36 +330,35 @@ def _commit_mode(db: Conn) -> str:
     return str(row["synchronous_commit"])
 
 
-def test_job_run_claim_is_the_claim_half_of_job_run_finish_and_claim_word_for_word(
-        db: Conn, q: Queries) -> None:
-    from notifyq._db.queries import named_queries
+CLAIMING = ("job_run_claim", "job_run_claim_keyed_then_plain", "job_run_finish_and_claim")
 
-    def claim_ctes(body: str) -> str:
-        return body[body.index("picked AS ("):body.index("\n)\n", body.index("claimed AS ("))]
+
+def test_the_three_claiming_statements_share_one_plain_claim(db: Conn, q: Queries) -> None:
+    from notifyq._db.queries import fragments, named_queries
 
     bodies = named_queries()["job_run"]
-    alone, combined = bodies["job_run_claim"], bodies["job_run_finish_and_claim"]
-    assert "UPDATE" in claim_ctes(alone)
-    # Its LIMIT leaves room for the keyed claim it may make first.
-    assert claim_ctes(alone).replace("LIMIT %(limit)s - (SELECT count(*) FROM keyed)",
-                                     "LIMIT %(limit)s") == claim_ctes(combined)
-    assert "finished" not in alone
-    assert "unnest" not in alone
-    # And the same columns come back, named and typed alike (the completer reads both).
-    claim_only = db.execute(q.job_run_claim, {
-        "now": T0, "pool": "default", "limit": 0, "worker_id": "w", "lease_s": 30.0,
-        "keyed": True})
-    both = db.execute(q.job_run_finish_and_claim, {
-        **NO_CLAIM, "now": T0, "ids": [], "fences": [], "statuses": [], "outputs": [],
-        "errors": [], "run_ats": [], "refunds": [], **no_waits(0)})
-    assert claim_only.description is not None
-    assert both.description is not None
-    assert [(d.name, d.type_code) for d in claim_only.description] == [
-        (d.name, d.type_code) for d in both.description]
+    shared = fragments()["job_run_claim_plain"]
+    assert "FOR UPDATE SKIP LOCKED" in shared
+    assert "_new_fence()" in shared
+    for name in CLAIMING:
+        assert "{job_run_claim_plain}" in bodies[name], name
+        assert "picked AS (" not in bodies[name], name  # written once, in the fragment
+        assert "claim_limit AS (" in bodies[name], name
+    assert "_claim_keyed" not in bodies["job_run_claim"]
+    assert "unnest" not in bodies["job_run_claim"]
+    # And the same columns come back, named and typed alike (the completer reads all three).
+    described = []
+    for name in CLAIMING:
+        cur = db.execute(getattr(q, name), {
+            **NO_CLAIM, "now": T0, "pool": "default", "limit": 0, "ids": [], "fences": [],
+            "statuses": [], "outputs": [], "errors": [], "run_ats": [], "refunds": [],
+            **no_waits(0)})
+        assert cur.description is not None
+        described.append([(d.name, d.type_code) for d in cur.description])
+    assert described[0] == described[1] == described[2]
 
 
-@pytest.mark.parametrize("name", ["job_run_claim", "job_run_finish_and_claim",
-                                  "job_run_heartbeat_many", "job_step_record",
+@pytest.mark.parametrize("name", [*CLAIMING, "job_run_heartbeat_many", "job_step_record",
                                   "job_signal_consume", "job_run_spawn_child"])
 @pytest.mark.parametrize("backlog", [0, 50, 20_000])
 def test_the_hot_plans_never_read_job_run_whole_at_any_size(
@@ -381,7 +380,7 @@ def test_the_hot_plans_never_read_job_run_whole_at_any_size(
                    "SELECT gen_random_uuid(), 't.a', '{}' FROM generate_series(1, %s)",
                    (backlog,))
         db.execute("ANALYZE notifyq.job_run")
-    completers = name in ("job_run_claim", "job_run_finish_and_claim")
+    completers = name in CLAIMING
     plan = generic_plan(db, getattr(q, name),
                         session=q.worker_session_generic_plans if completers else None)
     reads = _job_run_reads(plan)

@@ -38,7 +38,7 @@ def _set_list(text: str, start: int) -> str:
                 if depth == 0:
                     break
                 depth -= 1
-            elif depth == 0 and (m := _END_OF_SET.match(text, i)) and text[i - 1].isspace():
+            elif depth == 0 and _END_OF_SET.match(text, i) and text[i - 1].isspace():
                 break
         i += 1
     return text[start:i]
@@ -46,7 +46,9 @@ def _set_list(text: str, start: int) -> str:
 
 def _assignments(set_list: str) -> dict[str, str]:
     """``column = expression`` pairs of a SET list, split at commas outside parentheses."""
-    parts, depth, quoted, current = [], 0, False, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth, quoted = 0, False
     for char in set_list:
         if char == "'":
             quoted = not quoted
@@ -148,9 +150,9 @@ def _notified(listener: Listener) -> list[str]:
 
 def _running(db: Conn, **columns: object) -> str:
     sets = ", ".join(f"{name} = %({name})s" for name in columns)
-    row = db.execute(f"""
+    row = db.execute("""
         INSERT INTO notifyq.job_run (job_type, input, status, fence, attempts)
-        VALUES ('t.a', '{{}}', 'running', 7, 1) RETURNING id""").fetchone()
+        VALUES ('t.a', '{}', 'running', 7, 1) RETURNING id""").fetchone()
     assert row is not None
     if columns:
         db.execute(f"UPDATE notifyq.job_run SET {sets} WHERE id = %(id)s",
