@@ -25,6 +25,7 @@ Rows the statement did not return were taken over by another worker: their callb
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -87,7 +88,8 @@ class Completer:
     def __init__(self, pool: AsyncConnectionPool[AsyncConn], queries: Queries, clock: Clock, *,
                  batch_max: int = 500, on_written: Callable[[str, str], None] | None = None,
                  retry_for_s: float = 30.0, worker_id: str = "", lease_s: float = 30.0,
-                 dsn: str | None = None) -> None:
+                 dsn: str | None = None,
+                 on_statement: Callable[[float], None] | None = None) -> None:
         self._pool = pool
         # Its own connection (the pool's when none is given, or while it cannot be opened):
         # one statement is in flight at a time, on a backend kept busy, planned once.
@@ -100,6 +102,8 @@ class Completer:
         self._retry_for_s = retry_for_s
         self._worker_id = worker_id
         self._lease_s = lease_s
+        self._on_statement = on_statement
+        """Told each statement's round trip (send to answer), in seconds."""
         self._send: MemoryObjectSendStream[_Pending | Claim]
         self._receive: MemoryObjectReceiveStream[_Pending | Claim]
         self._send, self._receive = anyio.create_memory_object_stream[_Pending | Claim](
@@ -235,7 +239,10 @@ class Completer:
         while True:
             try:
                 async with self._connection() as conn:
+                    sent = time.perf_counter()
                     rows = await self._statement(conn, params, claim)
+                    if self._on_statement is not None:
+                        self._on_statement(time.perf_counter() - sent)
             except psycopg.OperationalError as exc:
                 # The database is restarting or the connection was killed. A retried batch that
                 # had in fact committed matches nothing the second time (reported as lease

@@ -3,8 +3,9 @@
 A producer claims as many runs as there are free slots (``FOR UPDATE SKIP LOCKED``, in the
 completer's next statement, together with the write-backs queued by then) and keeps claiming
 while batches come back full. Slots count claim-ahead too: a worker holds up to ``concurrency
-+ prefetch`` claimed runs, so a handler slot that frees up starts its next run from the
-buffer without waiting for a round trip. When the pool is empty it sleeps
++ prefetch`` claimed runs (prefetch sized by :mod:`~notifyq._dispatch.claim_ahead`), so a
+handler slot that frees up starts its next run from the buffer without waiting for a round
+trip. When the pool is empty it sleeps
 until the first of: a NOTIFY for its pool, the jittered poll interval, or the earliest
 scheduled ``run_at`` — so a scheduled run starts on time, not at the next poll.
 """
@@ -32,15 +33,21 @@ CLAIM_MAX = 1000
 
 
 class Slots:
-    """The worker's free handler slots, shared by its producers."""
+    """The worker's claim slots (busy handlers plus claimed-ahead runs), shared by its
+    producers. ``sizer`` (the worker's :class:`~notifyq._dispatch.claim_ahead.ClaimAhead`)
+    says how many there are, asked at each :meth:`take`: a smaller number takes effect as held
+    runs finish (``free`` may go below zero meanwhile), a larger one at once."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, sizer: Callable[[], int] | None = None) -> None:
         self.size = size
         self.free = size
+        self._sizer = sizer
         self._freed = anyio.Event()
 
     def take(self, limit: int) -> int:
-        n = min(self.free, limit)
+        if self._sizer is not None:
+            self.resize(self._sizer())
+        n = max(0, min(self.free, limit))
         self.free -= n
         return n
 
@@ -49,8 +56,15 @@ class Slots:
             self.free += n
             self._freed.set()
 
+    def resize(self, size: int) -> None:
+        if size != self.size:
+            self.free += size - self.size
+            self.size = size
+            if self.free > 0:
+                self._freed.set()
+
     async def wait_free(self) -> None:
-        while self.free == 0:
+        while self.free <= 0:
             # A fresh event only when a producer has to wait, not one per give (one per run,
             # ~1.3 us each: anyio looks up the event loop's backend for every new Event).
             if self._freed.is_set():

@@ -7,9 +7,11 @@ of the ~160-200 us of Python per no-op run at concurrency 10 then (2 cores; ~55-
 CHANGELOG.md "Worker CPU per run"). Each run still has its own cancel scope (cancel requests,
 lost leases, shutdown) and its timeout.
 
-The worker claims ahead: up to ``worker.prefetch`` runs beyond the busy slots wait in the
-buffer, leased and heartbeated like running ones, so a slot that frees up starts its next run
-at once while the completer's next statement writes the finished ones back and claims more.
+The worker claims ahead: up to ``prefetch`` runs beyond the busy slots wait in the buffer,
+leased and heartbeated like running ones, so a slot that frees up starts its next run at once
+while the completer's next statement writes the finished ones back and claims more. How many is
+:class:`~notifyq._dispatch.claim_ahead.ClaimAhead`'s: ``worker.prefetch``, or by default as
+many as the handlers finish in two claim round trips.
 
 Shutdown (the caller's scope is cancelled, e.g. on SIGTERM): producers and maintenance stop at
 once; claimed-ahead runs that never started are released at once; running handlers get
@@ -35,6 +37,7 @@ from psycopg_pool import AsyncConnectionPool
 from notifyq._clock import Clock
 from notifyq._db.pool import AsyncConn
 from notifyq._db.queries import Queries
+from notifyq._dispatch.claim_ahead import ClaimAhead
 from notifyq._dispatch.completer import Completer
 from notifyq._dispatch.executor import Execution, Executor
 from notifyq._dispatch.producer import Producer, Slots
@@ -74,11 +77,12 @@ class Worker:
         self._concurrency = concurrency
         cfg = settings.worker
         self.concurrency = concurrency
-        self.prefetch = concurrency if cfg.prefetch is None else cfg.prefetch
-        self.slots = Slots(concurrency + self.prefetch)
+        self.claim_ahead = ClaimAhead(concurrency, cfg.prefetch)
+        self.slots = Slots(self.claim_ahead.slots(), self.claim_ahead.slots)
         self.completer = Completer(db, queries, clock, batch_max=cfg.completer_batch_max,
                                    on_written=self._on_written, worker_id=self.id,
-                                   lease_s=cfg.lease_s, dsn=settings.database_url)
+                                   lease_s=cfg.lease_s, dsn=settings.database_url,
+                                   on_statement=self.claim_ahead.statement)
         self.executor = Executor(registry, self.completer, clock,
                                  thread_limiter=anyio.CapacityLimiter(concurrency), db=db,
                                  queries=queries)
@@ -243,6 +247,7 @@ class Worker:
         if execution.settled:
             return
         execution.settled = True
+        self.claim_ahead.finished()
         self.active.pop(execution.id, None)
         if execution.freed:
             self._writing -= 1

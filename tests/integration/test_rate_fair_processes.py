@@ -100,7 +100,8 @@ def test_in_a_fair_pool_a_tenant_starts_in_the_first_claim_past_a_backlog(
     db.execute("SELECT notifyq.enqueue('faults.record', '{}', tenant_id => 'big') "
                "FROM generate_series(1, %s)", (backlog,))
     db.execute("SELECT notifyq.enqueue('faults.record', '{}', tenant_id => 'small')")
-    concurrency = 4  # a claim asks for concurrency + prefetch = 8 runs
+    concurrency = 4  # the first claim asks for concurrency + prefetch = 8 runs (before the
+    # worker has measured anything, prefetch is the concurrency)
     with Workers(dsn, logs, concurrency=concurrency,
                  extra_env={"NOTIFYQ_WORKER__FAIR_POOLS": "default"}) as workers:
         workers.start()

@@ -1,0 +1,55 @@
+"""Claim-ahead on a real worker: with ``worker.prefetch`` unset, a worker whose runs are long
+holds few runs beyond its busy slots (they stay claimable by other workers); set, it holds that
+many. Counted in SQL: a claimed run is ``running`` whether it executes or waits in the buffer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from notifyq import App, JobContext
+from tests.conftest import fast_settings
+from tests.integration.inproc import running, scalar
+
+pytestmark = pytest.mark.anyio
+
+CONCURRENCY = 4
+
+
+async def _held_over(app: App, start_s: float, until_s: float) -> list[int]:
+    """Runs claimed (executing or buffered), sampled every 50 ms from ``start_s`` to
+    ``until_s`` after the call."""
+    await anyio.sleep(start_s)
+    samples = []
+    with anyio.move_on_after(until_s - start_s):
+        while True:
+            samples.append(int(await scalar(
+                app, "SELECT count(*) FROM notifyq.job_run WHERE status = 'running'")))
+            await anyio.sleep(0.05)
+    return samples
+
+
+@pytest.mark.parametrize(("prefetch", "settings"), [(None, {}), (4, {"prefetch": 4})],
+                         ids=["adaptive", "fixed"])
+async def test_a_worker_with_long_runs_claims_ahead_only_what_its_prefetch_says(
+        dsn: str, prefetch: int | None, settings: dict[str, Any]) -> None:
+    app = App(settings=fast_settings(dsn, worker=settings))
+
+    @app.handler("t.slow")
+    async def slow(ctx: JobContext) -> None:
+        await anyio.sleep(1.0)
+
+    async with app:
+        await app.enqueue_many([{"job_type": "t.slow", "input": {}} for _ in range(40)])
+        async with running(app, concurrency=CONCURRENCY):
+            # The first claim, before anything was measured, holds concurrency + concurrency;
+            # the first runs finish after a second.
+            held = await _held_over(app, 2.5, 5.0)
+    assert len(held) >= 10
+    if prefetch is None:
+        # 4 runs a second with statements of a few ms want one run ahead.
+        assert max(held) <= CONCURRENCY + 2, held
+    else:
+        assert max(held) == CONCURRENCY + prefetch, held

@@ -1,0 +1,114 @@
+"""Claim-ahead sizing (notifyq/_dispatch/claim_ahead.py) and the claim slots it resizes, with
+the clock moved by hand."""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from notifyq._dispatch.claim_ahead import MOST_PER_SLOT, WINDOW_S, ClaimAhead
+from notifyq._dispatch.producer import Slots
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def run_at(ahead: ClaimAhead, clock: FakeClock, *, rate: float, round_trip_s: float,
+           seconds: float = 2.0) -> int:
+    """Finish runs at ``rate`` for ``seconds`` with statements of ``round_trip_s``, asking for
+    the slots every 10 ms as producers do; the last answer."""
+    slots = ahead.slots()
+    for _ in range(int(seconds / 0.01)):
+        clock.t += 0.01
+        for _ in range(round(rate * 0.01)):
+            ahead.finished()
+        ahead.statement(round_trip_s)
+        slots = ahead.slots()
+    return slots
+
+
+def test_a_fixed_prefetch_is_kept_whatever_the_worker_does() -> None:
+    clock = FakeClock()
+    ahead = ClaimAhead(10, 3, now=clock)
+    assert run_at(ahead, clock, rate=8000, round_trip_s=0.0025) == 13
+    assert ClaimAhead(10, 0, now=clock).slots() == 10
+
+
+def test_until_it_has_measured_it_claims_as_many_ahead_as_it_has_slots() -> None:
+    clock = FakeClock()
+    ahead = ClaimAhead(10, None, now=clock)
+    assert ahead.slots() == 20
+    clock.t += WINDOW_S / 2
+    assert ahead.slots() == 20  # too short a window to estimate anything
+
+
+def test_short_runs_get_the_most_claimed_ahead() -> None:
+    # No-op runs: ~8,000 finished a second with 2.5 ms statements want 40 ahead, the cap.
+    clock = FakeClock()
+    ahead = ClaimAhead(10, None, now=clock)
+    assert run_at(ahead, clock, rate=8000, round_trip_s=0.0025) == 10 + MOST_PER_SLOT * 10
+
+
+def test_ten_millisecond_runs_get_two_round_trips_worth() -> None:
+    clock = FakeClock()
+    ahead = ClaimAhead(10, None, now=clock)
+    assert run_at(ahead, clock, rate=1000, round_trip_s=0.002) == 10 + 4
+
+
+def test_long_runs_are_not_hoarded() -> None:
+    clock = FakeClock()
+    ahead = ClaimAhead(10, None, now=clock)
+    assert run_at(ahead, clock, rate=10, round_trip_s=0.002, seconds=5) == 11
+
+
+def test_a_worker_that_slows_down_claims_less_ahead_within_a_second_or_two() -> None:
+    clock = FakeClock()
+    ahead = ClaimAhead(10, None, now=clock)
+    assert run_at(ahead, clock, rate=8000, round_trip_s=0.0025) == 50
+    assert run_at(ahead, clock, rate=100, round_trip_s=0.0025, seconds=3) == 11
+
+
+@pytest.mark.anyio
+async def test_slots_shrink_as_held_runs_finish_and_grow_at_once() -> None:
+    sizes = iter([6, 2, 2, 8])
+    slots = Slots(6, lambda: next(sizes))
+    assert slots.take(100) == 6
+    assert slots.take(100) == 0  # resized to 2 with 6 held: free is -4
+    assert (slots.size, slots.free, slots.busy) == (2, -4, 6)
+    slots.give(5)
+    assert slots.free == 1
+    assert slots.take(100) == 1
+    assert slots.take(100) == 6  # resized to 8: the 6 more are free at once
+    assert (slots.size, slots.free) == (8, 0)
+
+
+@pytest.mark.anyio
+async def test_a_producer_waiting_for_a_slot_wakes_when_the_slots_grow() -> None:
+    slots = Slots(1)
+    assert slots.take(1) == 1
+    async with anyio.create_task_group() as tg:
+        woke = anyio.Event()
+
+        async def waiter() -> None:
+            await slots.wait_free()
+            woke.set()
+
+        tg.start_soon(waiter)
+        await anyio.lowlevel.checkpoint()
+        assert not woke.is_set()
+        slots.resize(3)
+        with anyio.fail_after(1):
+            await woke.wait()
+
+
+@pytest.mark.parametrize("concurrency", [1, 10, 200])
+def test_the_cap_is_four_runs_ahead_per_slot(concurrency: int) -> None:
+    clock = FakeClock()
+    ahead = ClaimAhead(concurrency, None, now=clock)
+    assert run_at(ahead, clock, rate=1e6, round_trip_s=0.01) == concurrency * (1 + MOST_PER_SLOT)
