@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Server instructions per statement: the worker's and the enqueue's, counted by callgrind.
+
+Timings on a shared 2-core VM swing by 2x within minutes; instruction counts do not (the same
+statement counts the same to well under 1 % run after run). This starts a scratch PostgreSQL
+cluster under ``valgrind --tool=callgrind`` (each backend writes its own count when it exits),
+migrates it with this checkout's migrations, and for each statement opens two connections: one
+makes ``n`` calls after a warm-up, the other ``3 n`` after the same warm-up. The difference of
+their backends' totals, over ``2 n``, is one call's server instructions, start-up, warm-up and
+the client excluded. The completer's statements run on a session planned as the completer's
+(``worker_session_generic_plans``), with the parameters the worker sends.
+
+    bench/statement_cost.py                      # every statement (~4 min)
+    bench/statement_cost.py insert_one claim_1   # some
+    bench/statement_cost.py --json
+
+Statements: ``insert_one`` (``App.enqueue``'s single INSERT), ``claim_1`` (an idle worker's
+claim of one run), ``cycle_B`` for B in 1, 10, 20, 100 (``job_run_finish_and_claim`` writing
+back B runs and claiming B), ``bulk_1000`` (``enqueue_many`` of 1,000 plain runs, per run).
+
+Needs valgrind and PostgreSQL's server binaries (``pg_config --bindir``, else the newest
+``/usr/lib/postgresql/*/bin``); as root, the cluster runs as user ``postgres``. Results and what
+they led to: db/README.md ("Server instructions per statement").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from notifyq._db import migrate as migrations  # noqa: E402
+from notifyq._db.queries import Queries  # noqa: E402
+from notifyq._enqueue.bulk import Batch  # noqa: E402
+from notifyq._enqueue.request import EnqueueRequest  # noqa: E402
+
+STATEMENTS = ("insert_one", "claim_1", "cycle_1", "cycle_10", "cycle_20", "cycle_100",
+              "bulk_1000")
+PORT = 5499
+CLAIM = {"now": None, "pool": "default", "worker_id": "w", "lease_s": 30.0}
+Q = Queries("notifyq")
+
+
+def _bindir() -> Path:
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        if (Path(out) / "postgres").exists():
+            return Path(out)
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"),
+                   key=lambda p: int(Path(p).parts[-3]))
+    if not found:
+        sys.exit("statement_cost: no PostgreSQL server binaries (pg_config --bindir)")
+    return Path(found[-1]).parent
+
+
+def _as_owner(argv: list[str]) -> list[str]:
+    return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
+
+
+@contextlib.contextmanager
+def cluster() -> Iterator[tuple[str, Path]]:
+    """A scratch cluster under callgrind; yields its DSN and the directory of counts."""
+    if shutil.which("valgrind") is None:
+        sys.exit("statement_cost: valgrind is not installed (apt-get install valgrind)")
+    bindir = _bindir()
+    top = Path(tempfile.mkdtemp(prefix="nq-cost-"))
+    counts = top / "counts"
+    counts.mkdir()
+    if os.geteuid() == 0:
+        shutil.chown(top, "postgres")
+        shutil.chown(counts, "postgres")
+    subprocess.run(_as_owner([str(bindir / "initdb"), "-D", str(top / "data"), "-A", "trust",
+                              "-U", "postgres"]), check=True, stdout=subprocess.DEVNULL)
+    with (top / "data" / "postgresql.conf").open("a") as conf:
+        conf.write(f"port = {PORT}\nunix_socket_directories = '{top}'\nlisten_addresses = ''\n"
+                   "autovacuum = off\nmax_connections = 20\n")
+    server = subprocess.Popen(_as_owner([
+        "valgrind", "--tool=callgrind", "--trace-children=yes", "--vgdb=no",
+        "--dump-instr=no", f"--callgrind-out-file={counts}/cg.%p",
+        str(bindir / "postgres"), "-D", str(top / "data")]),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    dsn = f"postgresql://postgres@/postgres?host={top}&port={PORT}"
+    try:
+        for _ in range(600):
+            with contextlib.suppress(psycopg.OperationalError):
+                psycopg.connect(dsn, connect_timeout=2).close()
+                break
+            time.sleep(0.2)
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("CREATE DATABASE cost")
+        yield dsn.replace("/postgres?", "/cost?"), counts
+    finally:
+        server.terminate()
+        server.wait(timeout=120)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _total(counts: Path, pid: int) -> int:
+    """A backend's instruction count, written by callgrind when it exits."""
+    path = counts / f"cg.{pid}"
+    for _ in range(1200):
+        with contextlib.suppress(OSError):
+            found = re.search(r"^(?:summary|totals): (\d+)", path.read_text(), re.MULTILINE)
+            if found:
+                return int(found.group(1))
+        time.sleep(0.1)
+    raise RuntimeError(f"no count from backend {pid}")
+
+
+def per_call(dsn: str, counts: Path, setup: Callable[[psycopg.Connection[Any]], Any],
+             call: Callable[[psycopg.Connection[Any], Any], None], n: int) -> float:
+    totals = []
+    for k in (n, 3 * n):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(Q.worker_session_generic_plans)
+            state = setup(conn)
+            for _ in range(k):
+                call(conn, state)
+            pid = conn.info.backend_pid
+        totals.append(_total(counts, pid))
+    return (totals[1] - totals[0]) / (2 * n)
+
+
+def _reset(conn: psycopg.Connection[Any], pending: int = 0) -> None:
+    conn.execute("TRUNCATE notifyq.job_run CASCADE")
+    if pending:
+        conn.execute("INSERT INTO notifyq.job_run (job_type, input) SELECT 'bench.noop', "
+                     "jsonb_build_object('i', g) FROM generate_series(1, %s) g", (pending,))
+    conn.execute("VACUUM ANALYZE notifyq.job_run")
+
+
+def _insert_one(conn: psycopg.Connection[Any], _: Any = None) -> None:
+    conn.execute(Q.job_run_insert_one, {
+        "id": uuid.uuid4(), "job_type": "bench.noop", "input": '{"i": 1}', "pool": None,
+        "priority": None, "run_at": None, "max_attempts": None, "tags": None,
+        "scope_entity_type": None, "scope_entity_id": None, "tenant_id": None,
+        "trace_context": None, "accept": True, "notify": True, "channel": "notifyq"}).fetchall()
+
+
+def _claim(conn: psycopg.Connection[Any], limit: int) -> list[Any]:
+    return conn.execute(Q.job_run_claim, {**CLAIM, "limit": limit}, binary=True).fetchall()
+
+
+def _literal(values: Any) -> str:
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def _cycle(conn: psycopg.Connection[Any], state: dict[str, Any]) -> None:
+    rows, k = state["rows"], len(state["rows"])
+    got = conn.execute(Q.job_run_finish_and_claim, {
+        **CLAIM, "limit": state["batch"], "ids": _literal(r[1] for r in rows),
+        "fences": _literal(r[12] for r in rows), "statuses": _literal(["completed"] * k),
+        "outputs": None, "errors": None, "run_ats": None, "refunds": _literal([0] * k),
+        "wait_kinds": None, "wait_tokens": None, "waiting_ons": None}, binary=True).fetchall()
+    state["rows"] = [r for r in got if r[0]]
+
+
+def _bulk(conn: psycopg.Connection[Any], _: Any = None) -> None:
+    batch = Batch(65_536)
+    for i in range(1000):
+        batch.add(EnqueueRequest(job_type="bench.noop", input={"i": i}), (None, None, None))
+    _, params = batch.params()
+    conn.execute(Q.job_run_insert_bulk, {**params, "accept_types": ["bench.noop"],
+                                         "notify": True, "channel": "notifyq"}).fetchall()
+
+
+def measure(dsn: str, counts: Path, name: str) -> float:
+    if name == "insert_one":
+        def setup(conn: psycopg.Connection[Any]) -> None:
+            _reset(conn)
+            for _ in range(20):
+                _insert_one(conn)
+        return per_call(dsn, counts, setup, _insert_one, 100)
+    if name == "claim_1":
+        def setup_claim(conn: psycopg.Connection[Any]) -> None:
+            _reset(conn, pending=1000)
+            for _ in range(10):
+                _claim(conn, 1)
+        return per_call(dsn, counts, setup_claim, lambda c, _: _claim(c, 1) and None, 100)
+    if name == "bulk_1000":
+        def setup_bulk(conn: psycopg.Connection[Any]) -> None:
+            _reset(conn)
+            _bulk(conn)
+        return per_call(dsn, counts, setup_bulk, _bulk, 5) / 1000
+    batch = int(name.removeprefix("cycle_"))
+
+    def setup_cycle(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+        _reset(conn, pending=batch * 400)
+        state = {"rows": _claim(conn, batch), "batch": batch}
+        for _ in range(10):
+            _cycle(conn, state)
+        return state
+    return per_call(dsn, counts, setup_cycle, _cycle, 50 if batch >= 100 else 100)
+
+
+async def _migrate(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await migrations.migrate(conn, "notifyq")  # this checkout's migrations
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("statements", nargs="*", metavar="STATEMENT",
+                        help=f"some of: {', '.join(STATEMENTS)} (default: all)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    unknown = set(args.statements) - set(STATEMENTS)
+    if unknown:
+        parser.error(f"unknown statements: {', '.join(sorted(unknown))}")
+    with cluster() as (dsn, counts):
+        anyio.run(_migrate, dsn)
+        out = {name: measure(dsn, counts, name) for name in args.statements or STATEMENTS}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    print("| statement | server instructions per call |\n|---|---:|")
+    for name, value in out.items():
+        print(f"| {name}{' (per run)' if name == 'bulk_1000' else ''} | {value:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
