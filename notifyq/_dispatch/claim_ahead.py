@@ -5,7 +5,9 @@ slots wait in its buffer, leased and heartbeated, so a slot that frees up starts
 once instead of waiting for a claim's round trip. Set, ``worker.prefetch`` is that number.
 Unset (the default) it follows the worker, by Little's law: enough runs to keep every slot busy
 for ``ROUND_TRIPS`` round trips of the completer's statement at the rate the worker finishes
-runs, between 1 and ``MOST_PER_SLOT`` per slot:
+runs, at least 1 and at most ``MOST_PER_SLOT`` per slot up to ``MOST_AHEAD`` (a batch of about
+a hundred runs already spreads the statement's fixed cost thin: 220k server instructions a run
+at 100, 265k at 20; bench/statement_cost.py), or the concurrency where that is more:
 
 - short runs are claimed in batches large enough for the statement's fixed cost (no-op runs at
   concurrency 10 finish ~8,000/s with 2-3 ms statements: the cap, 40): ``notifyq bench``'s drain
@@ -27,6 +29,7 @@ from collections.abc import Callable
 
 ROUND_TRIPS = 2
 MOST_PER_SLOT = 4
+MOST_AHEAD = 100
 WINDOW_S = 0.05
 TAU_S = 0.5
 ROUND_TRIP_SMOOTHING = 0.3
@@ -39,7 +42,7 @@ class ClaimAhead:
                  now: Callable[[], float] = time.monotonic) -> None:
         self.concurrency = concurrency
         self.adaptive = prefetch is None
-        self.most = MOST_PER_SLOT * concurrency
+        self.most = max(concurrency, min(MOST_PER_SLOT * concurrency, MOST_AHEAD))
         self.prefetch = concurrency if prefetch is None else prefetch
         """Until the first estimate, as many as the concurrency (the earlier fixed default)."""
         self.rate = 0.0

@@ -107,8 +107,11 @@ async def test_a_producer_waiting_for_a_slot_wakes_when_the_slots_grow() -> None
             await woke.wait()
 
 
-@pytest.mark.parametrize("concurrency", [1, 10, 200])
-def test_the_cap_is_four_runs_ahead_per_slot(concurrency: int) -> None:
+@pytest.mark.parametrize(("concurrency", "most_ahead"), [(1, 4), (10, 40), (25, 100), (50, 100),
+                                                         (200, 200)])
+def test_the_most_claimed_ahead_is_four_per_slot_up_to_a_hundred_or_the_concurrency(
+        concurrency: int, most_ahead: int) -> None:
     clock = FakeClock()
     ahead = ClaimAhead(concurrency, None, now=clock)
-    assert run_at(ahead, clock, rate=1e6, round_trip_s=0.01) == concurrency * (1 + MOST_PER_SLOT)
+    assert run_at(ahead, clock, rate=1e6, round_trip_s=0.01) == concurrency + most_ahead
+    assert MOST_PER_SLOT == 4
