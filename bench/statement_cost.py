@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from notifyq._db import migrate as migrations  # noqa: E402
 from notifyq._db.queries import Queries  # noqa: E402
+from notifyq._dispatch.completer import _array_literal  # noqa: E402
 from notifyq._enqueue.bulk import Batch  # noqa: E402
 from notifyq._enqueue.request import EnqueueRequest  # noqa: E402
 
@@ -160,16 +161,13 @@ def _claim(conn: psycopg.Connection[Any], limit: int) -> list[Any]:
     return conn.execute(Q.job_run_claim, {**CLAIM, "limit": limit}, binary=True).fetchall()
 
 
-def _literal(values: Any) -> str:
-    return "{" + ",".join(map(str, values)) + "}"
-
-
 def _cycle(conn: psycopg.Connection[Any], state: dict[str, Any]) -> None:
     rows, k = state["rows"], len(state["rows"])
     got = conn.execute(Q.job_run_finish_and_claim, {
-        **CLAIM, "limit": state["batch"], "ids": _literal(r[1] for r in rows),
-        "fences": _literal(r[12] for r in rows), "statuses": _literal(["completed"] * k),
-        "outputs": None, "errors": None, "run_ats": None, "refunds": _literal([0] * k),
+        **CLAIM, "limit": state["batch"], "ids": _array_literal(r[1] for r in rows),
+        "fences": _array_literal(r[12] for r in rows),
+        "statuses": _array_literal(["completed"] * k),
+        "outputs": None, "errors": None, "run_ats": None, "refunds": _array_literal([0] * k),
         "wait_kinds": None, "wait_tokens": None, "waiting_ons": None}, binary=True).fetchall()
     state["rows"] = [r for r in got if r[0]]
 

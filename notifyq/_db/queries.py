@@ -51,9 +51,12 @@ def _blocks() -> tuple[dict[str, dict[str, str]], dict[str, str]]:
         parts = _BLOCK.split(entry.read_text(encoding="utf-8"))
         files[entity] = {}
         for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
-            if name in seen or name == "schema":
-                raise RuntimeError(f"query {name} is defined twice (in {seen.get(name)}.sql "
-                                   f"and {entry.name})")
+            if name == "schema":
+                raise RuntimeError(f"{entry.name}: 'schema' is the schema's placeholder, not a "
+                                   "name for a query or a fragment")
+            if name in seen:
+                raise RuntimeError(f"query {name} is defined twice (in {seen[name]}.sql and "
+                                   f"{entry.name})")
             seen[name] = entity
             (fragments if kind == "fragment" else files[entity])[name] = _strip_comments(body)
     return files, fragments
@@ -115,20 +118,18 @@ def _unindented(name: str, text: str) -> str:
 
 
 def _ends_inside_literal(line: str) -> bool:
-    """Whether a quoted literal (or a dollar-quoted body) is still open at the end of ``line``,
-    read as SQL: quotes inside a trailing ``--`` comment do not count."""
-    quoted = False
+    """Whether a quoted literal (``'...'`` or ``$$...$$``) is still open at the end of
+    ``line``, read as SQL: quotes inside a trailing ``--`` comment do not count."""
+    quote: str | None = None
     i = 0
     while i < len(line):
-        if line.startswith("$$", i):
-            return True
-        char = line[i]
-        if char == "'":
-            quoted = not quoted
-        elif not quoted and line.startswith("--", i):
+        mark = "$$" if line.startswith("$$", i) else line[i]
+        if mark in ("'", "$$") and quote in (None, mark):
+            quote = None if quote else mark
+        elif quote is None and line.startswith("--", i):
             break
-        i += 1
-    return quoted
+        i += len(mark)
+    return quote is not None
 
 
 class Queries(QueryNames):

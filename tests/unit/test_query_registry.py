@@ -123,5 +123,8 @@ def test_a_literal_that_spans_lines_is_refused_when_the_registry_loads() -> None
 
     assert _unindented("ok", "SELECT 'a' -- it's fine\n  FROM t") == (
         "SELECT 'a' -- it's fine\nFROM t")
+    assert _unindented("dollars", "SELECT $$it's$$\n  FROM t") == "SELECT $$it's$$\nFROM t"
     with pytest.raises(RuntimeError, match="query bad: a string literal spans lines"):
         _unindented("bad", "SELECT 'a\n  b'")
+    with pytest.raises(RuntimeError, match="query body: a string literal spans lines"):
+        _unindented("body", "SELECT $$a\n  b$$")
