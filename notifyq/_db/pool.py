@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
 
+import anyio
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
@@ -81,6 +82,36 @@ def check_connection_sync(dsn: str) -> None:
 
 
 WARM_RETRY_S = 5.0
+
+class StopGrace:
+    """Lets the statements of a worker's periodic tasks finish when the worker stops.
+
+    Cancelled mid-flight, a statement makes psycopg cancel it on the server, log "query
+    cancellation interrupted" and the pool discard the connection: a warning at nearly every
+    stop of an idle worker, whose producer asks for the next run's delay after each claim that
+    came back short. Work inside :meth:`finishing` is shielded from the stop's cancellation (the
+    stop takes effect at the task's next wait outside it) until :meth:`stop`, then for at most
+    ``grace_s``: a server that no longer answers must not hold the process."""
+
+    def __init__(self, grace_s: float = 5.0) -> None:
+        self.grace_s = grace_s
+        self._deadline = float("inf")
+        self._scopes: set[anyio.CancelScope] = set()
+
+    @contextmanager
+    def finishing(self) -> Iterator[None]:
+        scope = anyio.CancelScope(shield=True, deadline=self._deadline)
+        self._scopes.add(scope)
+        try:
+            with scope:
+                yield
+        finally:
+            self._scopes.discard(scope)
+
+    def stop(self) -> None:
+        self._deadline = min(self._deadline, anyio.current_time() + self.grace_s)
+        for scope in self._scopes:
+            scope.deadline = min(scope.deadline, self._deadline)
 """After a :class:`WarmConnection` failed to open, how long the pool serves before it tries
 again (a server at max_connections would otherwise be asked at every statement)."""
 

@@ -23,7 +23,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq._clock import Clock
-from notifyq._db.pool import AsyncConn
+from notifyq._db.pool import AsyncConn, StopGrace
 from notifyq._db.queries import Queries
 from notifyq._dispatch.completer import Claim, Completer
 
@@ -80,7 +80,7 @@ class Producer:
     def __init__(self, pool_name: str, *, db: AsyncConnectionPool[AsyncConn], queries: Queries,
                  clock: Clock, slots: Slots, completer: Completer,
                  poll_interval_s: float, start: Callable[[dict[str, Any]], None],
-                 burst: bool = False) -> None:
+                 burst: bool = False, grace: StopGrace | None = None) -> None:
         self.pool_name = pool_name
         self._db = db
         self._q = queries
@@ -90,6 +90,7 @@ class Producer:
         self._poll_interval_s = poll_interval_s
         self._start = start
         self._burst = burst
+        self._grace = grace or StopGrace()
         self._wake = anyio.Event()
         self.keyed = False
         """Also claim runs with a concurrency key or a rate limit (set when a handler of this
@@ -149,11 +150,13 @@ class Producer:
             await self._wake.wait()
 
     async def _next_run_delay_s(self) -> float | None:
-        try:
-            async with self._db.connection() as conn:
-                cur = await conn.execute(self._q.job_run_next_run_at, {
-                    "pool": self.pool_name, "now": self._clock.db_now()})
-                row = await cur.fetchone()
-        except psycopg.OperationalError:
-            return None
-        return row["delay_s"] if row else None
+        with self._grace.finishing():  # a stop often finds this query in flight
+            try:
+                async with self._db.connection() as conn:
+                    cur = await conn.execute(self._q.job_run_next_run_at, {
+                        "pool": self.pool_name, "now": self._clock.db_now()})
+                    row = await cur.fetchone()
+            except psycopg.OperationalError:
+                return None
+            return row["delay_s"] if row else None
+        return None  # stopping, and the query outlived the grace

@@ -35,7 +35,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq._clock import Clock
-from notifyq._db.pool import AsyncConn
+from notifyq._db.pool import AsyncConn, StopGrace
 from notifyq._db.queries import Queries
 from notifyq._dispatch.claim_ahead import ClaimAhead
 from notifyq._dispatch.completer import Completer
@@ -77,6 +77,8 @@ class Worker:
         self._concurrency = concurrency
         cfg = settings.worker
         self.concurrency = concurrency
+        self.grace = StopGrace()
+        """What a stop lets finish: the producers' and the periodic tasks' statements."""
         self.claim_ahead = ClaimAhead(concurrency, cfg.prefetch)
         self.slots = Slots(self.claim_ahead.slots(), self.claim_ahead.slots)
         self.completer = Completer(db, queries, clock, batch_max=cfg.completer_batch_max,
@@ -89,7 +91,7 @@ class Worker:
         self.producers = {
             pool: Producer(pool, db=db, queries=queries, clock=clock, slots=self.slots,
                            completer=self.completer, poll_interval_s=cfg.poll_interval_s,
-                           start=self._start, burst=burst)
+                           start=self._start, burst=burst, grace=self.grace)
             for pool in pools
         }
         for pool in registry.keyed_pools() & set(self.producers):
@@ -156,7 +158,7 @@ class Worker:
         async with anyio.create_task_group() as fetchers:
             fetchers.start_soon(self._cancel_on_stop, fetchers.cancel_scope)
             if self._maintenance:
-                fetchers.start_soon(self.elector.run)
+                fetchers.start_soon(self.elector.run, self.grace)
                 fetchers.start_soon(self._run_if_leader, self.reaper.run_once,
                                     self._settings.reaper.interval_s, "reaper",
                                     self._settings.reaper.enabled)
@@ -166,7 +168,7 @@ class Worker:
                 fetchers.start_soon(self._run_if_leader, self.purger.run_once,
                                     self._settings.purger.interval_s, "purger",
                                     self._settings.purger.enabled)
-                fetchers.start_soon(self.scheduler.run)
+                fetchers.start_soon(self.scheduler.run, self.grace)
             self.started.set()
             async with anyio.create_task_group() as producers:
                 for producer in self.producers.values():
@@ -175,11 +177,13 @@ class Worker:
 
     async def _cancel_on_stop(self, scope: anyio.CancelScope) -> None:
         await self._stopping.wait()
+        self.grace.stop()
         scope.cancel()
 
     async def _run_if_leader(self, once: Any, interval_s: float, name: str, enabled: bool) -> None:
         if enabled:
-            await every(interval_s, once, name=name, active=lambda: self.elector.is_leader)
+            await every(interval_s, once, name=name, active=lambda: self.elector.is_leader,
+                        grace=self.grace)
 
     async def _drain(self) -> None:
         while self._ready:  # claimed ahead, never started: back to pending at once

@@ -11,7 +11,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq._clock import Clock
-from notifyq._db.pool import AsyncConn
+from notifyq._db.pool import AsyncConn, StopGrace
 from notifyq._db.queries import Queries
 from notifyq._maintenance.runner import every
 
@@ -39,8 +39,8 @@ class Elector:
         self.is_leader = won
         return {"elected": int(became)}
 
-    async def run(self) -> None:
-        await every(self.ttl_s / 3, self.run_once, name="elector")
+    async def run(self, grace: StopGrace | None = None) -> None:
+        await every(self.ttl_s / 3, self.run_once, name="elector", grace=grace)
 
     async def resign(self) -> None:
         if not self.is_leader:

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from notifyq._cadence import Cadence, Cron, Every
 from notifyq._clock import Clock
-from notifyq._db.pool import AsyncConn
+from notifyq._db.pool import AsyncConn, StopGrace
 from notifyq._db.queries import Queries
 from notifyq._enqueue.ids import new_run_id
 from notifyq._enqueue.validate import encode_input
@@ -103,12 +103,14 @@ class Scheduler:
             "job_type": spec.job_type, "input": encode_input(spec.input)})
         return len(await cur.fetchall())
 
-    async def run(self) -> None:
+    async def run(self, grace: StopGrace | None = None) -> None:
         if not self.schedules:
             return
+        grace = grace or StopGrace()
         while True:
             try:
-                await self.run_once()
+                with grace.finishing():
+                    await self.run_once()
             except psycopg.Error as exc:
                 log.warning("periodic enqueue failed (%s); retrying", type(exc).__name__)
                 await anyio.sleep(1.0)

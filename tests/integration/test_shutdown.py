@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
+import psycopg
 import pytest
 
 from notifyq import App, JobContext
+from notifyq._db.pool import StopGrace
 from tests.conftest import fast_settings
 from tests.integration.inproc import fetch, run_row, running, scalar, status_becomes
 from tests.support import eventually
@@ -178,3 +182,61 @@ async def test_claimed_ahead_runs_are_leased_while_buffered_and_released_at_shut
         # three are back to pending with the attempt given back.
         rows = await fetch(app, "SELECT status, attempts, leased_by FROM notifyq.job_run")
     assert rows == [{"status": "pending", "attempts": 0, "leased_by": None}] * 5
+
+
+async def test_a_stop_lets_the_producers_query_finish_instead_of_cancelling_it(
+        dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """An idle producer asks when the next scheduled run is due after every short claim; a stop
+    used to cancel that query mid-flight, and psycopg then cancelled it on the server, warned
+    ("query cancellation interrupted") and the pool dropped the connection. The query is held
+    in flight here for real: it reads rate_window, which the test locks."""
+    app = App(settings=fast_settings(dsn))
+    async with app, await psycopg.AsyncConnection.connect(dsn) as locker:
+        await locker.execute("LOCK TABLE notifyq.rate_window IN ACCESS EXCLUSIVE MODE")
+
+        async def delay_query_waits() -> None:
+            assert await scalar(app, "SELECT count(*) FROM pg_stat_activity "
+                                     "WHERE datname = current_database() "
+                                     "AND wait_event_type = 'Lock' "
+                                     "AND query LIKE '%%rate_window%%'") == 1
+
+        async def unlock_later() -> None:
+            await anyio.sleep(0.5)
+            await locker.rollback()
+
+        caplog.set_level(logging.WARNING, logger="psycopg")
+        async with anyio.create_task_group() as tg:
+            async with running(app):
+                await eventually(delay_query_waits, timeout=10)
+                tg.start_soon(unlock_later)
+                began = anyio.current_time()
+            # running() returned: the worker stopped, once the query had its answer.
+            assert 0.3 <= anyio.current_time() - began < 5
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+
+
+async def test_a_statement_the_stop_lets_finish_is_cancelled_after_the_grace(dsn: str) -> None:
+    """A server that never answers must not hold a stopping worker: past ``grace_s`` the
+    statement is cancelled after all."""
+    grace = StopGrace(grace_s=0.3)
+    finished: list[str] = []
+
+    async def periodic(conn: psycopg.AsyncConnection[Any]) -> None:
+        with grace.finishing():
+            try:
+                await conn.execute("SELECT pg_sleep(30)")
+            except anyio.get_cancelled_exc_class():
+                finished.append("cancelled")
+                raise
+            finished.append("answered")
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        began = anyio.current_time()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(periodic, conn)
+            await anyio.sleep(0.2)
+            grace.stop()
+            tg.cancel_scope.cancel()  # shielded: the statement goes on for the grace
+        elapsed = anyio.current_time() - began
+    assert finished == ["cancelled"]
+    assert 0.45 <= elapsed < 5, elapsed
