@@ -230,13 +230,20 @@ async def test_a_statement_the_stop_lets_finish_is_cancelled_after_the_grace(dsn
                 raise
             finished.append("answered")
 
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn, \
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher:
         began = anyio.current_time()
+        async def sleeping() -> None:
+            rows = await (await watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND state = 'active'",
+                (conn.info.backend_pid,))).fetchone()
+            assert rows == (1,)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(periodic, conn)
-            await anyio.sleep(0.2)
+            await eventually(sleeping, timeout=10)
             grace.stop()
             tg.cancel_scope.cancel()  # shielded: the statement goes on for the grace
         elapsed = anyio.current_time() - began
     assert finished == ["cancelled"]
-    assert 0.45 <= elapsed < 5, elapsed
+    assert 0.3 <= elapsed < 5, elapsed
