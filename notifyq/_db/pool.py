@@ -82,6 +82,9 @@ def check_connection_sync(dsn: str) -> None:
 
 
 WARM_RETRY_S = 5.0
+"""After a :class:`WarmConnection` failed to open, how long the pool serves before it tries
+again (a server at max_connections would otherwise be asked at every statement)."""
+
 
 class StopGrace:
     """Lets the statements of a worker's periodic tasks finish when the worker stops.
@@ -112,8 +115,6 @@ class StopGrace:
         self._deadline = min(self._deadline, anyio.current_time() + self.grace_s)
         for scope in self._scopes:
             scope.deadline = min(scope.deadline, self._deadline)
-"""After a :class:`WarmConnection` failed to open, how long the pool serves before it tries
-again (a server at max_connections would otherwise be asked at every statement)."""
 
 
 class WarmConnection:
