@@ -134,6 +134,30 @@ SELECT (SELECT count(*) FROM inserted) AS inserted, now() AS now, t.type, d.pool
 FROM unnest(%(types)s::text[]) AS t(type)
 LEFT JOIN {schema}.job d ON d.type = t.type
 
+-- name: job_run_copy_defaults
+-- App.enqueue_many by COPY (notifyq/_enqueue/copy.py), first statement: what job_run_insert_bulk's
+-- INSERT would join for each job type of the batch (`types`), so the client fills the same values
+-- into the rows it copies, and the statement's now() (the runs' run_at unless given, and their
+-- created_at). An unknown type is refused here as there (NQ422) unless accepted. `templated`: the
+-- type fills a scope id or a rate key from a template, which only the INSERT does; the client
+-- then sends job_run_insert_bulk instead. (The inputs' jsonb size is checked in Python, exactly:
+-- notifyq/_enqueue/validate.py.)
+SELECT now() AS now, t.type, d.version, d.pool, d.priority_default, d.max_attempts, d.timeout_s,
+       d.scope_entity_type, d.type IS NOT NULL AS known,
+       (d.scope_id_template IS NOT NULL OR d.rate_limit IS NOT NULL) AS templated,
+       CASE WHEN d.type IS NULL AND NOT (t.type = ANY (coalesce(%(accept_types)s::text[], '{{}}')))
+            THEN {schema}._accept_unknown_job_type(t.type) END AS accepted
+FROM unnest(%(types)s::text[]) AS t(type)
+LEFT JOIN {schema}.job d ON d.type = t.type
+
+-- name: job_run_copy
+-- App.enqueue_many by COPY, second statement: the plain rows, with the values
+-- job_run_copy_defaults gave filled in (the column order is notifyq/_enqueue/copy.py's). One
+-- statement, all or nothing; the rows' wake-up follows it. Why COPY: see copy.py.
+COPY {schema}.job_run (id, input, job_type, job_version, pool, priority, max_attempts, timeout_s,
+                       scope_entity_type, defaulted, run_at, created_at, tags, scope_entity_id,
+                       tenant_id, trace_context) FROM STDIN
+
 -- name: job_run_trace_context_set
 -- The enqueue's trace context on a run written by _enqueue (dedupe or concurrency keys, the sync
 -- path), which takes no trace context: sent only when a tracer is installed, in the enqueue's

@@ -29,6 +29,8 @@ class QueryNames:
     job_run_enqueue: LiteralString
     job_run_insert_one: LiteralString
     job_run_insert_bulk: LiteralString
+    job_run_copy_defaults: LiteralString
+    job_run_copy: LiteralString
     job_run_trace_context_set: LiteralString
     job_run_input_size: LiteralString
     job_run_notify: LiteralString

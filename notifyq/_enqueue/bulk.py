@@ -59,8 +59,8 @@ class Batch:
         self.requests: list[EnqueueRequest] = []
         """The plain requests (no dedupe or concurrency key), inserted by one statement."""
         self.inputs: list[str] = []
-        self._shapes: list[Shape] = []
-        self._shapes_only = True
+        self.shapes: list[Shape] = []
+        self.shapes_only = True
         """No plain request has a run_at, tags, scope or tenant (the usual batch)."""
         self.keyed: dict[int, Prepared] = {}
         """Requests with dedupe or concurrency keys, by position: enqueued one at a time."""
@@ -87,9 +87,9 @@ class Batch:
 
     def _append(self, request: EnqueueRequest, resolved: Resolved) -> None:
         self.requests.append(request)
-        self._shapes.append((request.job_type, *resolved))  # a str: check_request said so
-        if self._shapes_only and not _shaped(request):
-            self._shapes_only = False
+        self.shapes.append((request.job_type, *resolved))  # a str: check_request said so
+        if self.shapes_only and not _shaped(request):
+            self.shapes_only = False
 
     def order(self, plain: list[Run]) -> list[Run | Prepared]:
         """The plain runs, with the keyed requests put back in their places."""
@@ -105,15 +105,18 @@ class Batch:
     def params(self, trace_context: str | None = None) -> tuple[list[UUID], dict[str, Any]]:
         """New ids for the plain rows, and ``job_run_insert_bulk``'s parameters;
         ``trace_context``: the enqueue's, for every row (see notifyq/_tracing.py)."""
-        ids = self._ids()
+        ids = self.ids()
         traced = f'"trace_context":{trace_context},' if trace_context is not None else ""
         rows = ",".join([f'{{"id":"{run_id.int:032x}",{traced}{head}"input":{text}}}'
                          for run_id, head, text in zip(ids, self._heads(), self.inputs,
                                                        strict=True)])
-        types = list(dict.fromkeys(s[0] for s in self._shapes))
-        return ids, {"rows": f"[{rows}]", "types": types}
+        return ids, {"rows": f"[{rows}]", "types": self.types()}
 
-    def _ids(self) -> list[UUID]:
+    def types(self) -> list[str]:
+        """The plain rows' job types, each once."""
+        return list(dict.fromkeys(s[0] for s in self.shapes))
+
+    def ids(self) -> list[UUID]:
         """The plain rows' ids, drawn with the keyed requests' in one increasing block in the
         order given (the claim breaks ties on the id, so this is the order they run in)."""
         ids = new_run_ids(len(self))
@@ -125,11 +128,11 @@ class Batch:
 
     def _heads(self) -> list[str]:
         """Each record's keys before the input: one string per shape in the usual batch."""
-        if not self._shapes_only:
-            return [self._head(r, s) for r, s in zip(self.requests, self._shapes, strict=True)]
-        one_each = dict(zip(self._shapes, self.requests, strict=True))
+        if not self.shapes_only:
+            return [self._head(r, s) for r, s in zip(self.requests, self.shapes, strict=True)]
+        one_each = dict(zip(self.shapes, self.requests, strict=True))
         by_shape = {s: self._head(r, s) for s, r in one_each.items()}
-        return [by_shape[s] for s in self._shapes]
+        return [by_shape[s] for s in self.shapes]
 
     def _head(self, request: EnqueueRequest, shape: Shape) -> str:
         """A record's keys before the input, null ones left out (they parse as NULL)."""
@@ -144,29 +147,32 @@ class Batch:
         }
         return self._encode({k: v for k, v in values.items() if v is not None})[1:-1] + ","
 
-    def runs(self, ids: list[UUID], summary: Sequence[Mapping[str, Any]]) -> list[Run]:
-        """The plain rows as runs, from ``job_run_insert_bulk``'s answer: the values the INSERT
+    def runs(self, ids: list[UUID], summary: Sequence[Mapping[str, Any]],
+             start: int = 0) -> list[Run]:
+        """The plain rows from ``start`` as runs (``ids``: theirs), from
+        ``job_run_insert_bulk``'s answer (or ``job_run_copy_defaults``'): the values the INSERT
         wrote, by the same coalesce (given, else the stored definition, else the default)."""
         now: datetime = summary[0]["now"]
         stored = {row["type"]: row for row in summary}
-        applied = {s: _applied(s, stored[s[0]]) for s in dict.fromkeys(self._shapes)}
         n = len(ids)
+        requests, shapes = self.requests[start:start + n], self.shapes[start:start + n]
+        by_shape = {s: applied(s, stored[s[0]]) for s in dict.fromkeys(shapes)}
         columns: dict[str, Sequence[Any]] = {
-            "id": ids, "input": [r.input for r in self.requests],
-            "tags": [[] if r.tags is None else list(r.tags) for r in self.requests]}
+            "id": ids, "input": [r.input for r in requests],
+            "tags": [[] if r.tags is None else list(r.tags) for r in requests]}
         same: dict[str, Any] = {"status": RunStatus.PENDING, "attempts": 0, "created_at": now,
                                 "trigger_source": "manual"}
-        if len(applied) == 1:  # one job type with one set of defaults: the usual batch
-            [values] = applied.values()
+        if len(by_shape) == 1:  # one job type with one set of defaults: the usual batch
+            [values] = by_shape.values()
             same.update(zip(_APPLIED, values, strict=True))
         else:
-            per_row = [applied[s] for s in self._shapes]
+            per_row = [by_shape[s] for s in shapes]
             columns.update(zip(_APPLIED, zip(*per_row, strict=True), strict=True))
-        if self._shapes_only:
+        if self.shapes_only:
             same["run_at"] = now
         else:
             columns["run_at"] = [now if r.run_at is None else r.run_at.astimezone(now.tzinfo)
-                                 for r in self.requests]
+                                 for r in requests]
         return runs_from_columns(n, columns, same)
 
 
@@ -180,8 +186,9 @@ def _shaped(request: EnqueueRequest) -> bool:
             and r.scope_entity_id is None and r.tenant_id is None)
 
 
-def _applied(shape: Shape, stored: Mapping[str, Any]) -> tuple[Any, ...]:
-    """job_run_insert_bulk's coalesce(given, stored definition, table default), as _APPLIED."""
+def applied(shape: Shape, stored: Mapping[str, Any]) -> tuple[str, str, int, int, Any]:
+    """job_run_insert_bulk's coalesce(given, stored definition, table default), as _APPLIED;
+    ``stored``: the definition's columns (all None for a type without one)."""
     job_type, pool, priority, max_attempts = shape
     return (job_type, str(_first(pool, stored["pool"], "default")),
             int(_first(priority, stored["priority_default"], 0)),

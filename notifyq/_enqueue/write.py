@@ -52,6 +52,7 @@ from psycopg.rows import dict_row, tuple_row
 
 from notifyq._db.batcher import Batcher
 from notifyq._enqueue.bulk import Batch
+from notifyq._enqueue.copy import COPY_MIN_RUNS, copy_runs
 from notifyq._enqueue.refusals import translated_errors
 from notifyq._enqueue.request import (
     EnqueueRequest,
@@ -156,26 +157,33 @@ class Enqueuer:
                            allow_unknown_type: bool | None = None) -> list[Run]:
         """Many runs in one transaction, in the order given (also their run order at equal
         priority and run_at), with one NOTIFY per pool."""
-        batch = self._batch(coerce_requests(items))
-        if not batch:
+        requests = coerce_requests(items)
+        copy_types = self._copy_types(requests)
+        # Validated now, unless streamed by COPY (validated chunk by chunk as they are sent).
+        batch = self._fill(Batch(self._rt.settings.max_input_bytes),
+                           requests if copy_types is None else ())
+        if not requests:
             return []
-        with sending(None, len(batch)) as send:
+        with sending(None, len(requests)) as send:
             if conn is not None:
                 async with conn.transaction():
-                    return await self._write_batch(conn, batch, allow_unknown_type, send,
-                                                   notify=True)
+                    return await self._write_many(
+                        conn, requests, batch, copy_types=copy_types,
+                        allow_unknown_type=allow_unknown_type, send=send, notify=True)
             waker = self._waker_of(await self._rt.pool())
-            # Plain runs only: one autocommit statement, all or nothing (one round trip, where
-            # BEGIN and COMMIT made three). Keyed ones take several, in one transaction.
+            # Plain runs only: autocommit statements, each all or nothing (the INSERT is one
+            # round trip, where BEGIN and COMMIT made three; COPY reads the definitions first).
+            # Keyed ones take several, in one transaction.
             with waker.enqueueing() as inline:
                 async with self._rt.warm_connection() as own:
+                    write = self._write_many(own, requests, batch, copy_types=copy_types,
+                                             allow_unknown_type=allow_unknown_type, send=send,
+                                             notify=inline)
                     if batch.keyed:
                         async with own.transaction():
-                            runs = await self._write_batch(own, batch, allow_unknown_type,
-                                                           send, notify=inline)
+                            runs = await write
                     else:
-                        runs = await self._write_batch(own, batch, allow_unknown_type, send,
-                                                       notify=inline)
+                        runs = await write
             if not inline:
                 await waker.wake({r.pool for r in runs})
         return runs
@@ -200,10 +208,10 @@ class Enqueuer:
             self._waker = WakeSender(pool, self._q)
         return self._waker
 
-    def _batch(self, requests: list[EnqueueRequest]) -> Batch:
-        """Validate every request (the first bad one raises), as :meth:`prepare` would, but
-        without copying the plain ones: a handler's defaults travel beside the request."""
-        batch = Batch(self._rt.settings.max_input_bytes)
+    def _fill(self, batch: Batch, requests: Iterable[EnqueueRequest]) -> Batch:
+        """Validate each request into ``batch`` (the first bad one raises), as :meth:`prepare`
+        would, but without copying the plain ones: a handler's defaults travel beside the
+        request."""
         for request in requests:
             job_type = request.job_type
             spec = self._registry.get(job_type) if isinstance(job_type, str) else None
@@ -218,6 +226,19 @@ class Enqueuer:
                     spec.retry.attempts if request.max_attempts is None
                     else request.max_attempts))
         return batch
+
+    def _copy_types(self, requests: list[EnqueueRequest]) -> list[str] | None:
+        """The job types of a batch that goes by COPY (at least ``COPY_MIN_RUNS`` runs, none
+        with dedupe or concurrency keys or a handler's policies, which take ``_enqueue``), or
+        None."""
+        if len(requests) < COPY_MIN_RUNS or any(r.needs_locks for r in requests):
+            return None
+        types = list(dict.fromkeys([r.job_type for r in requests if type(r.job_type) is str]))
+        for job_type in types:
+            spec = self._registry.get(job_type)
+            if spec is not None and _has_policies(spec):
+                return None
+        return types
 
     async def _write_group(self, items: list[tuple[Prepared, bool]]) -> list[Run]:
         """Plain runs of concurrent :meth:`enqueue` calls (``(prepared, accept)`` each), in one
@@ -288,41 +309,66 @@ class Enqueuer:
                                   prepared.params(notify=notify, allow_unknown_type=accept))
                 return _enqueued(await cur.fetchone())
 
-    async def _write_batch(self, conn: AnyConn, batch: Batch, allow_unknown_type: bool | None,
-                           send: Sending | None = None, *, notify: bool) -> list[Run]:
-        """The batch and, with ``notify``, its wake-ups: one per pool, delivered when
-        ``conn``'s transaction commits."""
-        runs = await self._write_batch_traced(conn, batch, allow_unknown_type,
-                                              _trace_context_of(send), notify=notify)
-        if notify and batch.keyed:  # otherwise the bulk statement woke them
-            await conn.execute(self._q.job_run_notify, {
-                "channel": self._q.schema,
-                "payloads": [wake_payload(p) for p in {r.pool for r in runs}]})
+    async def _write_many(self, conn: AnyConn, requests: list[EnqueueRequest], batch: Batch, *,
+                          copy_types: list[str] | None, allow_unknown_type: bool | None,
+                          send: Sending | None, notify: bool) -> list[Run]:
+        """``enqueue_many``'s runs and, with ``notify``, their wake-ups (one per pool,
+        delivered when ``conn``'s transaction commits): by COPY when ``copy_types`` (``batch``
+        still empty), else (or when a type needs the INSERT) as :meth:`_write_batch`."""
+        trace_context = _trace_context_of(send)
+        runs = None
+        if copy_types is not None:
+            with translated_errors():
+                runs = await copy_runs(
+                    conn, self._q, requests, batch, self._fill, types=copy_types,
+                    accept_types=[t for t in copy_types if self.accepts(t, allow_unknown_type)],
+                    trace_context=trace_context)
+            if runs is None:  # a type needs the INSERT
+                self._fill(batch, requests)
+        if runs is None:
+            runs = await self._write_batch(conn, batch, allow_unknown_type, trace_context,
+                                           notify=notify)
+        elif notify:
+            await self._notify(conn, runs)
         if send is not None:
             send.sent([(r.id, r.job_type, r.pool) for r in runs])
         return runs
 
-    async def _write_batch_traced(self, conn: AnyConn, batch: Batch,
-                                  allow_unknown_type: bool | None,
-                                  trace_context: str | None, *, notify: bool) -> list[Run]:
+    async def _write_batch(self, conn: AnyConn, batch: Batch, allow_unknown_type: bool | None,
+                           trace_context: str | None, *, notify: bool) -> list[Run]:
+        """The plain runs by ``job_run_insert_bulk`` (with their wake-up when no keyed run
+        follows), the keyed ones by ``_enqueue``, in their places."""
         plain: list[Run] = []
         if batch.requests:
-            ids, params = batch.params(trace_context)
-            params["accept_types"] = [t for t in params["types"]
-                                      if self.accepts(t, allow_unknown_type)] or None
-            params["notify"] = notify and not batch.keyed
-            params["channel"] = self._q.schema
-            with translated_errors():
-                async with conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(self._q.job_run_insert_bulk, params)
-                    summary = await cur.fetchall()
-            if summary[0]["inserted"] < len(ids):  # the caller's transaction (or ours) rolls
-                raise (await self._too_large(conn, batch.inputs))  # the batch back
-            plain = batch.runs(ids, summary)
-        return [await self._write_keyed(conn, at, notify=False, accept=self.accepts(
+            accept_types = [t for t in batch.types() if self.accepts(t, allow_unknown_type)]
+            plain = await self._insert_bulk(conn, batch, accept_types, trace_context,
+                                            notify=notify and not batch.keyed)
+        runs = [await self._write_keyed(conn, at, notify=False, accept=self.accepts(
                     at.request.job_type, allow_unknown_type), trace_context=trace_context)
                 if isinstance(at, Prepared) else at
                 for at in batch.order(plain)]
+        if notify and batch.keyed:  # otherwise the bulk statement woke them
+            await self._notify(conn, runs)
+        return runs
+
+    async def _notify(self, conn: AnyConn, runs: list[Run]) -> None:
+        """Wake the runs' pools when ``conn``'s transaction commits (at once in autocommit)."""
+        await conn.execute(self._q.job_run_notify, {
+            "channel": self._q.schema,
+            "payloads": [wake_payload(p) for p in {r.pool for r in runs}]})
+
+    async def _insert_bulk(self, conn: AnyConn, batch: Batch, accept_types: list[str],
+                           trace_context: str | None, *, notify: bool) -> list[Run]:
+        """The batch's plain runs by ``job_run_insert_bulk`` (with their wake-up: ``notify``)."""
+        ids, params = batch.params(trace_context)
+        params.update(accept_types=accept_types or None, notify=notify, channel=self._q.schema)
+        with translated_errors():
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(self._q.job_run_insert_bulk, params)
+                summary = await cur.fetchall()
+        if summary[0]["inserted"] < len(ids):  # the caller's transaction (or ours) rolls
+            raise (await self._too_large(conn, batch.inputs))  # the batch back
+        return batch.runs(ids, summary)
 
     async def _too_large(self, conn: AnyConn, inputs: list[str]) -> PayloadTooLarge:
         """An insert left rows out: the first input too large as the database prints it (1e300

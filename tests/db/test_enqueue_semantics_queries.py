@@ -41,6 +41,13 @@ def insert_bulk(db: Conn, q: Queries, *types: str,
         "accept_types": accept}).fetchall()
 
 
+def copy_defaults(db: Conn, q: Queries, *types: str,
+                  accept: list[str] | None = None) -> list[dict[str, Any]]:
+    """App.enqueue_many's first statement for a batch it copies (the refusal is there)."""
+    return db.execute(q.job_run_copy_defaults, {"types": list(dict.fromkeys(types)),
+                                                "accept_types": accept}).fetchall()
+
+
 def refused(db: Conn, fn: Any, *args: Any, **kwargs: Any) -> str:
     with pytest.raises(psycopg.Error) as caught:
         fn(db, *args, **kwargs)
@@ -56,6 +63,7 @@ def test_every_enqueue_path_accepts_any_type_while_no_worker_has_registered_one(
     enqueue(db, q, "never.registered")
     insert_ones(db, q, "never.registered")
     insert_bulk(db, q, "never.registered")
+    assert [r["known"] for r in copy_defaults(db, q, "never.registered")] == [False]
     db.execute("SELECT notifyq.enqueue('never.registered', '{}')")
     assert db.execute("SELECT count(*) AS n FROM notifyq.job_run").fetchone() == {"n": 4}
 
@@ -69,6 +77,7 @@ def test_every_enqueue_path_refuses_a_type_no_worker_registered_once_one_has(
                        "with allow_unknown_type to accept it before its worker starts")
     refused(db, insert_ones, q, "mail.send", "mail.sned")
     refused(db, insert_bulk, q, "mail.send", "mail.sned")
+    refused(db, copy_defaults, q, "mail.send", "mail.sned")
     with pytest.raises(psycopg.Error) as sql_error:
         db.execute("SELECT notifyq.enqueue('mail.sned', '{}')")
     assert sql_error.value.sqlstate == UNKNOWN
@@ -86,12 +95,14 @@ def test_the_opt_out_accepts_an_unknown_type_on_every_path(db: Conn, q: Queries)
     enqueue(db, q, "later.type", allow_unknown_type=True)
     insert_ones(db, q, "mail.send", "later.type", accept=["later.type"])
     insert_bulk(db, q, "later.type", "mail.send", accept=["later.type"])
+    assert len(copy_defaults(db, q, "later.type", "mail.send", accept=["later.type"])) == 2
     db.execute("SELECT notifyq.enqueue('later.type', '{}', allow_unknown_type => true)")
     counts = db.execute("SELECT job_type, count(*) AS n FROM notifyq.job_run GROUP BY job_type "
                         "ORDER BY job_type").fetchall()
     assert counts == [{"job_type": "later.type", "n": 4}, {"job_type": "mail.send", "n": 2}]
     # Accepting one type lets only that one through.
     refused(db, insert_ones, q, "later.type", "other.type", accept=["later.type"])
+    refused(db, copy_defaults, q, "later.type", "other.type", accept=["later.type"])
 
 
 def test_the_built_in_webhook_paths_enqueue_before_webhook_deliver_is_registered(
