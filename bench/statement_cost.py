@@ -16,7 +16,9 @@ the client excluded. The completer's statements run on a session planned as the 
 
 Statements: ``insert_one`` (``App.enqueue``'s single INSERT), ``claim_1`` (an idle worker's
 claim of one run), ``cycle_B`` for B in 1, 10, 20, 100 (``job_run_finish_and_claim`` writing
-back B runs and claiming B), ``bulk_1000`` (``enqueue_many`` of 1,000 plain runs, per run).
+back B runs and claiming B), ``bulk_1000`` (``job_run_insert_bulk`` of 1,000 plain runs, per
+run: ``enqueue_many`` below 300 runs), ``copy_1000`` (``enqueue_many``'s COPY of 1,000,
+``job_run_copy_defaults`` included, per run).
 
 Needs valgrind and PostgreSQL's server binaries (``pg_config --bindir``, else the newest
 ``/usr/lib/postgresql/*/bin``); as root, the cluster runs as user ``postgres``. Results and what
@@ -43,6 +45,7 @@ from typing import Any
 
 import anyio
 import psycopg
+from psycopg.rows import dict_row
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -51,10 +54,11 @@ from notifyq._db import migrate as migrations  # noqa: E402
 from notifyq._db.queries import Queries  # noqa: E402
 from notifyq._dispatch.completer import _array_literal  # noqa: E402
 from notifyq._enqueue.bulk import Batch  # noqa: E402
+from notifyq._enqueue.copy import CHUNK_RUNS, _Rows  # noqa: E402
 from notifyq._enqueue.request import EnqueueRequest  # noqa: E402
 
 STATEMENTS = ("insert_one", "claim_1", "cycle_1", "cycle_10", "cycle_20", "cycle_100",
-              "bulk_1000")
+              "bulk_1000", "copy_1000")
 PORT = 5499
 CLAIM = {"now": None, "pool": "default", "worker_id": "w", "lease_s": 30.0}
 Q = Queries("notifyq")
@@ -181,6 +185,19 @@ def _bulk(conn: psycopg.Connection[Any], _: Any = None) -> None:
                                          "notify": True, "channel": "notifyq"}).fetchall()
 
 
+def _copy(conn: psycopg.Connection[Any], _: Any = None) -> None:
+    batch = Batch(65_536)
+    for i in range(1000):
+        batch.add(EnqueueRequest(job_type="bench.noop", input={"i": i}), (None, None, None))
+    with conn.cursor(row_factory=dict_row) as cur:
+        defaults = cur.execute(Q.job_run_copy_defaults, {
+            "types": batch.types(), "accept_types": ["bench.noop"]}).fetchall()
+        rows, ids = _Rows(defaults, None), batch.ids()
+        with cur.copy(Q.job_run_copy) as copy:
+            for start in range(0, 1000, CHUNK_RUNS):
+                copy.write(rows.text(batch, ids, start, min(start + CHUNK_RUNS, 1000)))
+
+
 def measure(dsn: str, counts: Path, name: str) -> float:
     if name == "insert_one":
         def setup(conn: psycopg.Connection[Any]) -> None:
@@ -199,6 +216,11 @@ def measure(dsn: str, counts: Path, name: str) -> float:
             _reset(conn)
             _bulk(conn)
         return per_call(dsn, counts, setup_bulk, _bulk, 5) / 1000
+    if name == "copy_1000":
+        def setup_copy(conn: psycopg.Connection[Any]) -> None:
+            _reset(conn)
+            _copy(conn)
+        return per_call(dsn, counts, setup_copy, _copy, 5) / 1000
     batch = int(name.removeprefix("cycle_"))
 
     def setup_cycle(conn: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -232,7 +254,7 @@ def main() -> None:
         return
     print("| statement | server instructions per call |\n|---|---:|")
     for name, value in out.items():
-        print(f"| {name}{' (per run)' if name == 'bulk_1000' else ''} | {value:,.0f} |")
+        print(f"| {name}{' (per run)' if name.endswith('_1000') else ''} | {value:,.0f} |")
 
 
 if __name__ == "__main__":
