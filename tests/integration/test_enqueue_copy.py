@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import anyio
 import psycopg
 import pytest
 
@@ -222,3 +223,14 @@ async def test_a_worker_runs_every_copied_run_once(app: App) -> None:
                                      "WHERE status = 'completed' AND attempts = 1") == 700
         await eventually(drained, timeout=30)
     assert sorted(seen) == list(range(700))
+
+
+async def test_a_copy_cancelled_midway_writes_nothing_and_the_next_batch_goes_through(
+        app: App) -> None:
+    items = [{"job_type": "t.echo", "input": {"i": i}} for i in range(50_000)]  # about 1 s
+    with anyio.move_on_after(0.3) as scope:
+        await app.enqueue_many(items, allow_unknown_type=True)
+    assert scope.cancelled_caught
+    assert await scalar(app, "SELECT count(*) FROM notifyq.job_run") == 0
+    runs = await app.enqueue_many(items[:COPY_MIN_RUNS], allow_unknown_type=True)
+    assert await scalar(app, "SELECT count(*) FROM notifyq.job_run") == len(runs)
