@@ -45,6 +45,7 @@ one process (rounds of 800, CPU of this process and of the database's backends p
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import psycopg
@@ -175,15 +176,11 @@ class Enqueuer:
             # round trip, where BEGIN and COMMIT made three; COPY reads the definitions first).
             # Keyed ones take several, in one transaction.
             with waker.enqueueing() as inline:
-                async with self._rt.warm_connection() as own:
-                    write = self._write_many(own, requests, batch, copy_types=copy_types,
-                                             allow_unknown_type=allow_unknown_type, send=send,
-                                             notify=inline)
-                    if batch.keyed:
-                        async with own.transaction():
-                            runs = await write
-                    else:
-                        runs = await write
+                async with (self._rt.warm_connection() as own,
+                            own.transaction() if batch.keyed else nullcontext()):
+                    runs = await self._write_many(
+                        own, requests, batch, copy_types=copy_types,
+                        allow_unknown_type=allow_unknown_type, send=send, notify=inline)
             if not inline:
                 await waker.wake({r.pool for r in runs})
         return runs
@@ -231,9 +228,10 @@ class Enqueuer:
         """The job types of a batch that goes by COPY (at least ``COPY_MIN_RUNS`` runs, none
         with dedupe or concurrency keys or a handler's policies, which take ``_enqueue``), or
         None."""
-        if len(requests) < COPY_MIN_RUNS or any(r.needs_locks for r in requests):
-            return None
-        types = list(dict.fromkeys([r.job_type for r in requests if type(r.job_type) is str]))
+        if len(requests) < COPY_MIN_RUNS or any(
+                r.needs_locks or type(r.job_type) is not str for r in requests):
+            return None  # keyed, or a bad type the INSERT's path refuses before any statement
+        types = list(dict.fromkeys([r.job_type for r in requests]))
         for job_type in types:
             spec = self._registry.get(job_type)
             if spec is not None and _has_policies(spec):

@@ -151,6 +151,14 @@ async def test_a_bad_request_late_in_a_copied_batch_writes_nothing(app: App, dsn
     assert await scalar(app, "SELECT count(*) FROM notifyq.job_run") == len(items) + 2
 
 
+async def test_a_large_batch_of_bad_job_types_is_refused_before_any_statement(
+        app: App) -> None:
+    for bad in (None, ["a"], "Not OK"):
+        with pytest.raises(InvalidEnqueue, match="invalid job type"):
+            await app.enqueue_many([{"job_type": bad}] * COPY_MIN_RUNS)
+    assert await scalar(app, "SELECT count(*) FROM notifyq.job_run") == 0
+
+
 async def test_a_copied_batch_refuses_an_input_jsonb_prints_too_large(app: App) -> None:
     items: list[dict[str, Any]] = [{"job_type": "t.echo", "input": {"i": i}}
                                    for i in range(COPY_MIN_RUNS)]
