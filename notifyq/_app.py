@@ -288,10 +288,11 @@ class App:
     async def enqueue_many(self, items: Iterable[EnqueueRequest | Mapping[str, Any]], *,
                            conn: psycopg.AsyncConnection[Any] | None = None,
                            allow_unknown_type: bool | None = None) -> list[Run]:
-        """Enqueue many runs in one transaction and one statement, with one NOTIFY per pool.
-        Returns the runs in the order given, which is also the order they run in at equal
-        priority and run_at. A type no worker has registered refuses the whole batch
-        (:class:`~notifyq.UnknownJobType`), as :meth:`enqueue` says."""
+        """Enqueue many runs in one transaction, all or nothing, with one NOTIFY per pool
+        (one INSERT, or a COPY from 300 runs on). Returns the runs in the order given, which is
+        also the order they run in at equal priority and run_at. A type no worker has
+        registered refuses the whole batch (:class:`~notifyq.UnknownJobType`), as
+        :meth:`enqueue` says."""
         runs = await self._enqueuer.enqueue_many(items, conn=conn,
                                                  allow_unknown_type=allow_unknown_type)
         for run in runs:

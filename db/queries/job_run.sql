@@ -85,10 +85,10 @@ RETURNING pool, priority, max_attempts, timeout_s, created_at,
 -- interleaved rounds of 5 batches, load 2.3; server CPU per row): this statement 21 us;
 -- unnest(uuid[], text[], text[]) 21 us; COPY (text, one write) into a temp staging table, then
 -- INSERT ... SELECT with this join 19 us; COPY straight into job_run with the definition's
--- values filled in by the client 16 us. Only the last is clearly cheaper, and it would move
--- the unknown-type refusal, the `defaulted` marks, scope templates and the jsonb size limit out
--- of this one statement (into a definitions read, Python and a trigger or CHECK) for ~25 % of
--- the server's share; the 100k/s of the issue needs the narrow hot table first (part 4).
+-- values filled in by the client 16 us. The last is what enqueue_many sends since 2026-12-03
+-- for a batch of 300 runs or more (job_run_copy_defaults, job_run_copy; keep them alike with
+-- this statement): the definitions are read first, the size limit is Python's (it measures as
+-- jsonb prints), and types with scope or rate-key templates still come here.
 WITH inserted AS (
     INSERT INTO {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at,
                                   max_attempts, timeout_s, tags, scope_entity_type,
@@ -140,7 +140,8 @@ LEFT JOIN {schema}.job d ON d.type = t.type
 -- into the rows it copies, and the statement's now() (the runs' run_at unless given, and their
 -- created_at). An unknown type is refused here as there (NQ422) unless accepted. `templated`: the
 -- type fills a scope id or a rate key from a template, which only the INSERT does; the client
--- then sends job_run_insert_bulk instead. (The inputs' jsonb size is checked in Python, exactly:
+-- then sends job_run_insert_bulk instead. `accepted` is read for its refusal only (true: no
+-- worker has registered any type). (The inputs' jsonb size is checked in Python, exactly:
 -- notifyq/_enqueue/validate.py.)
 SELECT now() AS now, t.type, d.version, d.pool, d.priority_default, d.max_attempts, d.timeout_s,
        d.scope_entity_type, d.type IS NOT NULL AS known,

@@ -54,9 +54,13 @@ head -> COPY: 100 runs 34-44k -> 36-37k/s, 200 runs 46-47k -> 37-38k/s, 400 runs
 CHUNK_RUNS = 250
 """Runs per write of the COPY stream, after the first."""
 FIRST_CHUNK_RUNS = 100
+"""The first write's runs: fewer, so the server starts sooner (it waits for the first chunk
+while Python validates it)."""
 
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 _NULL = "\\N"
+# An input needs only its backslashes doubled: the JSON encoder escapes every control character
+# (tab, newline and CR included) inside strings, so none is left raw for COPY to take.
 _BACKSLASH, _BACKSLASH_2 = "\\", "\\\\"
 
 
@@ -143,7 +147,8 @@ class _Fixed:
     @classmethod
     def of(cls, shape: Shape, stored: Mapping[str, Any]) -> _Fixed:
         job_type, pool, priority, max_attempts, timeout_s = applied(shape, stored)
-        head = "\t".join((job_type, str(stored["version"] or 1), pool, str(priority),
+        version = 1 if stored["version"] is None else stored["version"]
+        head = "\t".join((job_type, str(version), _copy_text(pool), str(priority),
                           str(max_attempts), _NULL if timeout_s is None else repr(timeout_s)))
         # For a type no worker has registered, as job_run_insert_bulk records it: which of the
         # three its definition may fill in later (job_run_apply_definitions).

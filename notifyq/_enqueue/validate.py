@@ -84,16 +84,22 @@ _GROWS = re.compile(r"\de[+-]\d|-0\.0\b")
 
 
 def _float_growth(value: Any) -> int:
-    if isinstance(value, float):
-        short = float.__repr__(value)  # what the encoder writes, for subclasses too
-        if value == 0:  # numeric has no negative zero
-            return -1 if short.startswith("-") else 0
-        return len(format(Decimal(short), "f")) - len(short) if "e" in short else 0
-    if isinstance(value, Mapping):
-        return sum(_float_growth(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(_float_growth(v) for v in value)
-    return 0
+    """The floats' part of :func:`jsonb_growth`, walked with a stack (inputs nest as deep as
+    the encoder goes), through what the encoder writes (a dict's ``items()``)."""
+    growth, todo = 0, [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, float):
+            short = float.__repr__(item)  # what the encoder writes, for subclasses too
+            if item == 0:  # numeric has no negative zero
+                growth -= short.startswith("-")
+            elif "e" in short:
+                growth += len(format(Decimal(short), "f")) - len(short)
+        elif isinstance(item, Mapping):
+            todo.extend(v for _, v in item.items())
+        elif isinstance(item, list | tuple):
+            todo.extend(item)
+    return growth
 
 
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")

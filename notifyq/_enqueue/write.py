@@ -10,7 +10,9 @@ the handler), then validated, then written by one statement:
   (the same function ``SELECT notifyq.enqueue(...)`` calls from any language);
 - a batch is one ``job_run_insert_bulk`` for its plain rows (see :mod:`.bulk`), all or nothing
   (so a batch of plain rows needs no BEGIN/COMMIT round trips of its own), with its keyed rows
-  through ``_enqueue`` in their places, all in one transaction.
+  through ``_enqueue`` in their places, all in one transaction; a batch of ``COPY_MIN_RUNS``
+  plain runs or more is streamed by COPY instead (see :mod:`.copy`), in a transaction with its
+  read of the definitions and its wake-up.
 
 Outside a caller's transaction every write goes on the process's warm connection when it is
 free (``Runtime.warm_connection``: a backend that stays busy writes and commits faster than the
@@ -49,6 +51,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.rows import dict_row, tuple_row
 
 from notifyq._db.batcher import Batcher
@@ -64,7 +67,7 @@ from notifyq._enqueue.request import (
 )
 from notifyq._enqueue.wake import WakeSender
 from notifyq._errors import NotifyqError, PayloadTooLarge
-from notifyq._limits import MAX_INPUT_BYTES
+from notifyq._limits import JOB_TYPE, MAX_INPUT_BYTES
 from notifyq._notifier import wake_payload
 from notifyq._policies import key_for
 from notifyq._registry import HandlerSpec, Registry
@@ -172,12 +175,14 @@ class Enqueuer:
                         conn, requests, batch, copy_types=copy_types,
                         allow_unknown_type=allow_unknown_type, send=send, notify=True)
             waker = self._waker_of(await self._rt.pool())
-            # Plain runs only: autocommit statements, each all or nothing (the INSERT is one
-            # round trip, where BEGIN and COMMIT made three; COPY reads the definitions first).
-            # Keyed ones take several, in one transaction.
+            # Plain runs by INSERT: one autocommit statement, all or nothing, with its wake-up
+            # (one round trip, where BEGIN and COMMIT made three). Keyed ones take several, and
+            # COPY a read of the definitions first and a wake-up after: in one transaction (one
+            # snapshot of the definitions, and no rows committed without their wake-up).
             with waker.enqueueing() as inline:
                 async with (self._rt.warm_connection() as own,
-                            own.transaction() if batch.keyed else nullcontext()):
+                            own.transaction() if batch.keyed or copy_types is not None
+                            else nullcontext()):
                     runs = await self._write_many(
                         own, requests, batch, copy_types=copy_types,
                         allow_unknown_type=allow_unknown_type, send=send, notify=inline)
@@ -227,14 +232,15 @@ class Enqueuer:
     def _copy_types(self, requests: list[EnqueueRequest]) -> list[str] | None:
         """The job types of a batch that goes by COPY (at least ``COPY_MIN_RUNS`` runs, none
         with dedupe or concurrency keys or a handler's policies, which take ``_enqueue``), or
-        None."""
+        None. A malformed type sends the batch the INSERT's way too, which refuses it before
+        any statement (COPY reads the types' definitions first)."""
         if len(requests) < COPY_MIN_RUNS or any(
                 r.needs_locks or type(r.job_type) is not str for r in requests):
-            return None  # keyed, or a bad type the INSERT's path refuses before any statement
+            return None
         types = list(dict.fromkeys([r.job_type for r in requests]))
         for job_type in types:
             spec = self._registry.get(job_type)
-            if spec is not None and _has_policies(spec):
+            if not JOB_TYPE.fullmatch(job_type) or (spec is not None and _has_policies(spec)):
                 return None
         return types
 
@@ -316,12 +322,14 @@ class Enqueuer:
         trace_context = _trace_context_of(send)
         runs = None
         if copy_types is not None:
-            with translated_errors():
-                runs = await copy_runs(
-                    conn, self._q, requests, batch, self._fill, types=copy_types,
-                    accept_types=[t for t in copy_types if self.accepts(t, allow_unknown_type)],
-                    trace_context=trace_context)
-            if runs is None:  # a type needs the INSERT
+            if conn.pgconn.pipeline_status == pq.PipelineStatus.OFF:  # no COPY in a pipeline
+                with translated_errors():
+                    runs = await copy_runs(
+                        conn, self._q, requests, batch, self._fill, types=copy_types,
+                        accept_types=[t for t in copy_types
+                                      if self.accepts(t, allow_unknown_type)],
+                        trace_context=trace_context)
+            if runs is None:  # a type needs the INSERT, or the caller's pipeline does
                 self._fill(batch, requests)
         if runs is None:
             runs = await self._write_batch(conn, batch, allow_unknown_type, trace_context,

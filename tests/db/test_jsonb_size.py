@@ -13,6 +13,18 @@ from hypothesis import strategies as st
 
 from notifyq._enqueue.validate import _ENCODER, jsonb_growth
 
+
+def _nested(depth: int, value: Any) -> Any:
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+class _Hiding(dict[str, Any]):
+    def values(self) -> Any:
+        return []
+
+
 ORACLE = settings(max_examples=300, deadline=None, database=None,
                   suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -29,6 +41,8 @@ inputs = st.dictionaries(st.text(max_size=6), values, max_size=5) | st.lists(val
 @given(value=inputs)
 @example(value={"n": [1e300] * 3, "s": "1e+300"})
 @example(value=[5e-324, {"k": -1.5e-07}, 1e16, 123.0, 10**20])
+@example(value=_nested(600, [1e16, -0.0]))  # deeper than a recursive walk could go
+@example(value={"d": _Hiding(x=[1e300] * 3)})  # the encoder reads items(), not values()
 def test_python_measures_an_input_as_jsonb_prints_it(
         db: psycopg.Connection[dict[str, Any]], value: Any) -> None:
     text = _ENCODER.encode(value)

@@ -120,14 +120,31 @@ async def test_a_large_batch_is_copied_and_writes_what_the_insert_writes(
     assert copied == [dataclasses.replace(s, updated_at=None) for s in stored]
 
 
-async def test_a_copied_batch_keeps_the_order_given(app: App) -> None:
+async def test_a_copied_batch_keeps_the_order_given_and_is_one_transaction(app: App) -> None:
+    await fetch(app, "INSERT INTO notifyq.job (type, version) VALUES ('t.echo', 0) "
+                     "RETURNING type")
     n = COPY_MIN_RUNS + 2 * CHUNK_RUNS + 7  # a short last chunk
-    runs = await app.enqueue_many([{"job_type": "t.echo", "input": {"i": i}} for i in range(n)],
-                                  allow_unknown_type=True)
-    rows = await fetch(app, "SELECT input FROM notifyq.job_run ORDER BY id")
+    runs = await app.enqueue_many([{"job_type": "t.echo", "input": {"i": i}} for i in range(n)])
+    rows = await fetch(app, "SELECT input, run_at, created_at, updated_at, job_version "
+                            "FROM notifyq.job_run ORDER BY id")
     assert [r["input"]["i"] for r in rows] == list(range(n))
     assert [r.input["i"] for r in runs] == list(range(n))
     assert sorted(r.id for r in runs) == [r.id for r in runs]
+    # One transaction's now(): the definitions' read, the rows and their defaults.
+    assert {(r["run_at"], r["created_at"], r["updated_at"]) for r in rows} == {
+        (runs[0].created_at,) * 3}
+    assert {r["job_version"] for r in rows} == {0}  # as stored, not coalesced away
+
+
+async def test_a_callers_pipeline_gets_the_insert(app: App, dsn: str) -> None:
+    _Statements.sent = []
+    async with await psycopg.AsyncConnection.connect(
+            dsn, cursor_factory=_Statements) as conn, conn.pipeline():
+        runs = await app.enqueue_many([{"job_type": "t.echo", "input": {"i": i}}
+                                       for i in range(COPY_MIN_RUNS)], conn=conn,
+                                      allow_unknown_type=True)
+    assert not any(s.startswith("COPY") for s in _Statements.sent)
+    assert await scalar(app, "SELECT count(*) FROM notifyq.job_run") == len(runs)
 
 
 async def test_a_bad_request_late_in_a_copied_batch_writes_nothing(app: App, dsn: str) -> None:
@@ -151,11 +168,13 @@ async def test_a_bad_request_late_in_a_copied_batch_writes_nothing(app: App, dsn
     assert await scalar(app, "SELECT count(*) FROM notifyq.job_run") == len(items) + 2
 
 
-async def test_a_large_batch_of_bad_job_types_is_refused_before_any_statement(
+async def test_a_large_batch_of_bad_job_types_is_refused_as_invalid_not_unknown(
         app: App) -> None:
+    await fetch(app, "INSERT INTO notifyq.job (type) VALUES ('mail.send') RETURNING type")
     for bad in (None, ["a"], "Not OK"):
         with pytest.raises(InvalidEnqueue, match="invalid job type"):
-            await app.enqueue_many([{"job_type": bad}] * COPY_MIN_RUNS)
+            await app.enqueue_many([{"job_type": "mail.send"}] * COPY_MIN_RUNS
+                                   + [{"job_type": bad}])
     assert await scalar(app, "SELECT count(*) FROM notifyq.job_run") == 0
 
 
@@ -215,6 +234,12 @@ async def test_a_copied_batch_wakes_its_pools_when_its_transaction_commits(
                                allow_unknown_type=True)
         got = [n.payload async for n in listener.notifies(timeout=5, stop_after=1)]
         assert got == ["j:c"]
+        # A batch refused midway wakes nobody: its wake-up is in its transaction.
+        bad: list[dict[str, Any]] = [{"job_type": "t.echo", "pool": "d"}] * COPY_MIN_RUNS
+        with pytest.raises(InvalidEnqueue):
+            await app.enqueue_many([*bad, {"job_type": "t.echo", "priority": "x"}],
+                                   allow_unknown_type=True)
+        assert [n.payload async for n in listener.notifies(timeout=0.5)] == []
 
 
 async def test_a_worker_runs_every_copied_run_once(app: App) -> None:
