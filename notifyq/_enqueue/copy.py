@@ -87,9 +87,8 @@ async def copy_runs(conn: psycopg.AsyncConnection[Any], queries: Queries,
             start = 0
             while start < len(requests):
                 # A short first chunk, so the server starts on it sooner.
-                end = start + (FIRST_CHUNK_RUNS if not start else CHUNK_RUNS)
-                fill(batch, requests[start:end])
-                end = len(batch.requests)
+                end = min(start + (CHUNK_RUNS if start else FIRST_CHUNK_RUNS), len(requests))
+                fill(batch, requests[start:end])  # plain runs only: row i is request i
                 await copy.write(rows.text(batch, ids, start, end))
                 runs += batch.runs(ids[start:end], defaults, start)  # while the server inserts
                 start = end
@@ -130,9 +129,9 @@ class _Rows:
         return fixed
 
     def _tail(self, shape: Shape) -> str:
-        f, at = self._fixed_of(shape), self.now.isoformat()
-        return (f"{f.head}\t{_copy_text(f.scope_type)}\t{f.defaulted}\t{at}\t{at}\t{{}}\t"
-                f"{_NULL}\t{_NULL}\t{self._trace}\n")
+        at = self.now.isoformat()
+        return self._fixed_of(shape).tail(None, at, created_at=at, tags="{}", scope_id=None,
+                                          tenant_id=None, trace=self._trace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,12 +159,19 @@ class _Fixed:
             trace: str) -> str:
         """One row of a batch with run_at, tags, scope or tenant given."""
         r = request
-        scope_type = self.scope_type if r.scope_entity_type is None else r.scope_entity_type
-        tags = "{}" if not r.tags else _copy_text(_array_literal(r.tags))
-        return (f"{run_id.int:032x}\t{text.replace(_BACKSLASH, _BACKSLASH_2)}\t{self.head}\t"
-                f"{_copy_text(scope_type)}\t{self.defaulted}\t"
-                f"{(now if r.run_at is None else r.run_at).isoformat()}\t{now.isoformat()}\t"
-                f"{tags}\t{_copy_text(r.scope_entity_id)}\t{_copy_text(r.tenant_id)}\t"
+        return (f"{run_id.int:032x}\t{text.replace(_BACKSLASH, _BACKSLASH_2)}\t" + self.tail(
+            r.scope_entity_type, (now if r.run_at is None else r.run_at).isoformat(),
+            created_at=now.isoformat(),
+            tags="{}" if not r.tags else _copy_text(_array_literal(r.tags)),
+            scope_id=r.scope_entity_id, tenant_id=r.tenant_id, trace=trace))
+
+    def tail(self, scope_type: str | None, run_at: str, *, created_at: str, tags: str,
+             scope_id: str | None, tenant_id: str | None, trace: str) -> str:
+        """A row's columns after the input, in job_run_copy's order (the one place it is
+        written in Python): ``tags`` and ``trace`` already COPY text."""
+        scope_type = self.scope_type if scope_type is None else scope_type
+        return (f"{self.head}\t{_copy_text(scope_type)}\t{self.defaulted}\t{run_at}\t"
+                f"{created_at}\t{tags}\t{_copy_text(scope_id)}\t{_copy_text(tenant_id)}\t"
                 f"{trace}\n")
 
 

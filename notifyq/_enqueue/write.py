@@ -163,9 +163,9 @@ class Enqueuer:
         priority and run_at), with one NOTIFY per pool."""
         requests = coerce_requests(items)
         copy_types = self._copy_types(requests)
-        # Validated now, unless streamed by COPY (validated chunk by chunk as they are sent).
-        batch = self._fill(Batch(self._rt.settings.max_input_bytes),
-                           requests if copy_types is None else ())
+        batch = Batch(self._rt.settings.max_input_bytes)
+        if copy_types is None:  # validated now; a COPY validates each chunk as it sends it
+            self._fill(batch, requests)
         if not requests:
             return []
         with sending(None, len(requests)) as send:
@@ -178,7 +178,8 @@ class Enqueuer:
             # Plain runs by INSERT: one autocommit statement, all or nothing, with its wake-up
             # (one round trip, where BEGIN and COMMIT made three). Keyed ones take several, and
             # COPY a read of the definitions first and a wake-up after: in one transaction (one
-            # snapshot of the definitions, and no rows committed without their wake-up).
+            # now() for the definitions' read and the rows, no rows committed without their
+            # wake-up).
             with waker.enqueueing() as inline:
                 async with (self._rt.warm_connection() as own,
                             own.transaction() if batch.keyed or copy_types is not None
