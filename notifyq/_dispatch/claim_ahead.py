@@ -7,14 +7,21 @@ Unset (the default) it follows the worker, by Little's law: enough runs to keep 
 for ``ROUND_TRIPS`` round trips of the completer's statement at the rate the worker finishes
 runs, at least 1 and at most ``MOST_PER_SLOT`` per slot up to ``MOST_AHEAD`` (a batch of about
 a hundred runs already spreads the statement's fixed cost thin: 220k server instructions a run
-at 100, 265k at 20; bench/statement_cost.py), or the concurrency where that is more:
+at 100, 265k at 20; bench/statement_cost.py), or the concurrency where that is more.
 
-- short runs are claimed in batches large enough for the statement's fixed cost (no-op runs at
-  concurrency 10 finish ~8,000/s with 2-3 ms statements: the cap, 40): ``notifyq bench``'s drain
-  at concurrency 10 on the 2-core VM, three rounds, prefetch 10 (the old default, the
-  concurrency) 7,193 / 7,543 / 9,286 runs/s, prefetch 40 9,827 / 10,416 / 10,388;
-- long runs are not hoarded: 10 ms runs at 1,000/s with 2 ms statements get 4, one-second runs
-  1, where the old default held 10 that another worker could have started.
+Three round trips, because a busy worker holds each run for about that long: the statement
+that claims it, the next one (in flight while the handlers run the batch: see
+:mod:`~notifyq._dispatch.completer`), and the one that writes it back. With two, the batches
+shrank to what the slots left free while the previous batch waited (no-op runs at concurrency
+10: 14-18 runs a statement against 32-46).
+
+- short runs are claimed in batches large enough for the statement's fixed cost: no-op runs at
+  concurrency 10 finish ~8,000-12,000/s with 1.5-3 ms statements, 40-100 ahead (the cap is
+  100 there; a prefetch of 10, the first default, drained 7.2-9.3k runs/s where 40 drained
+  9.8-10.4k);
+- long runs are not hoarded: 10 ms runs at 1,000/s with 2 ms statements get 6, one-second runs
+  1, where the first fixed default (the concurrency) held 10 that another worker could have
+  started.
 
 The estimate is made when a producer is about to claim (:meth:`ClaimAhead.slots`), from the
 runs finished since the last one (over at least ``WINDOW_S``, smoothed with a time constant of
@@ -27,8 +34,8 @@ import math
 import time
 from collections.abc import Callable
 
-ROUND_TRIPS = 2
-MOST_PER_SLOT = 4
+ROUND_TRIPS = 3
+MOST_PER_SLOT = 10
 MOST_AHEAD = 100
 WINDOW_S = 0.05
 TAU_S = 0.5

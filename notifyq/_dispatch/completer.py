@@ -13,6 +13,18 @@ gathers: the producer whose slots the finished handlers just freed queues its cl
 turn. Without it the claim came one turn late and went alone, every cycle (a drain of no-op
 runs at concurrency 10 sent 20 write-backs, then a claim of 20: two statements per batch).
 
+A busy worker's handlers run while the statement is in flight, not between statements: the runs
+a full claim returns wait in the worker's buffer until the completer has sent its next
+statement (``on_release``; at once when it has nothing to send, or for an idle worker's claim),
+and that statement already carries the producer's next claim (:attr:`Claim.then`, queued by the
+completer as the full batch comes back). So statement *k* writes back batch *k-1* and claims
+batch *k+1* while the handlers run batch *k*; claim-ahead holds enough runs for two batches
+(:mod:`~notifyq._dispatch.claim_ahead`). Before, a slot ran its whole batch (a no-op handler
+never yields) before the completer could gather its write-backs, and the server and the
+handlers took turns: drain at concurrency 10, 2 cores, statements in flight 64-69 % of the
+time and 1.2-2.1 ms of Python between two of them; since, 74-84 % and 0.2-0.8 ms (bench/RESULTS.md,
+2026-12-03).
+
 The statements go on a connection of the completer's own (a
 :class:`~notifyq._db.pool.WarmConnection`, the pool's while it cannot be opened) whose session
 plans them once (``worker_session_generic_plans``): a backend kept busy, and no statement
@@ -77,8 +89,12 @@ class Claim:
     failure: BaseException | None = None
     abandoned: bool = False
     idle: bool = False
-    """Asked with no run of the worker's running or buffered: no write-back is about to join
-    it, so the completer sends it without first letting the event loop turn."""
+    """Asked with no run of the worker's held (buffered, running or being written back): no
+    write-back is about to join it, so the completer sends it without first letting the event
+    loop turn, and starts its runs at once."""
+    then: Claim | None = None
+    """After a full batch: the producer's next claim, already queued by the completer."""
+    queued: bool = False
     done: anyio.Event = field(default_factory=anyio.Event)
 
 
@@ -89,7 +105,8 @@ class Completer:
                  batch_max: int = 500, on_written: Callable[[str, str], None] | None = None,
                  retry_for_s: float = 30.0, worker_id: str = "", lease_s: float = 30.0,
                  dsn: str | None = None,
-                 on_statement: Callable[[float], None] | None = None) -> None:
+                 on_statement: Callable[[float], None] | None = None,
+                 on_release: Callable[[], None] | None = None) -> None:
         self._pool = pool
         # Its own connection (the pool's when none is given, or while it cannot be opened):
         # one statement is in flight at a time, on a backend kept busy, planned once.
@@ -104,13 +121,18 @@ class Completer:
         self._lease_s = lease_s
         self._on_statement = on_statement
         """Told each statement's round trip (send to answer), in seconds."""
+        self._on_release = on_release
+        """Called when the runs claimed so far may start: see :meth:`_cycle`."""
         self._send: MemoryObjectSendStream[_Pending | Claim]
         self._receive: MemoryObjectReceiveStream[_Pending | Claim]
         self._send, self._receive = anyio.create_memory_object_stream[_Pending | Claim](
             float("inf"))
         self._claims: list[Claim] = []
+        self._chained: list[Claim] = []
         self.batches = 0
         self.lease_lost = 0
+        self.in_flight = False
+        """A statement is on its way or being answered."""
 
     def submit(self, run_id: UUID, fence: int, outcome: Outcome, done: Written) -> None:
         """Queue ``outcome`` for writing; ``done`` is called after the statement."""
@@ -139,10 +161,11 @@ class Completer:
     async def claim(self, request: Claim) -> Claim:
         """Claim runs in the next statement; returns ``request`` with ``want`` and ``got`` set
         (raises its ``failure``). Cancelled before the statement, nothing is claimed."""
-        try:
-            self._send.send_nowait(request)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise CompleterClosedError("completer is closed") from None
+        if not request.queued:
+            try:
+                self._send.send_nowait(request)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                raise CompleterClosedError("completer is closed") from None
         try:
             await request.done.wait()
         except BaseException:
@@ -169,25 +192,43 @@ class Completer:
 
     async def _run(self) -> None:
         async with self._receive:
-            async for first in self._receive:
-                # One turn of the event loop before gathering: the handlers that submitted
-                # these write-backs freed claim slots, and the producer they woke queues its
-                # claim meanwhile, so both go in one statement. Without it the completer won
-                # the race every time and a busy worker alternated writes-only and
-                # claims-only statements (drain, concurrency 10: two round trips per batch).
-                # An idle worker's claim has nothing to wait for.
-                if not (isinstance(first, Claim) and first.idle):
-                    await anyio.lowlevel.checkpoint()
+            while True:
+                # One turn of the event loop before gathering: the producers the last statement
+                # answered (and those whose slots the finished handlers freed) queue their next
+                # claims meanwhile, so claims and write-backs go in one statement. Without it
+                # the completer won the race every time and a busy worker alternated
+                # writes-only and claims-only statements (drain, concurrency 10: two round
+                # trips per batch).
+                await anyio.lowlevel.checkpoint()
+                self._claims += self._chained
+                self._chained.clear()
                 writes: list[_Pending] = []
-                self._add(first, writes)
-                while len(writes) < self._batch_max:
+                self._gather(writes)
+                if not writes and not self._claims:
+                    self._release()  # nothing to send: the runs claimed last may start now
                     try:
-                        self._add(self._receive.receive_nowait(), writes)
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
+                        first = await self._receive.receive()
+                    except anyio.EndOfStream:
+                        return
+                    # An idle worker's claim has nothing to wait for.
+                    if not (isinstance(first, Claim) and first.idle):
+                        await anyio.lowlevel.checkpoint()
+                    self._add(first, writes)
+                    self._gather(writes)
                 await self._cycle(writes)
                 while self._claims:  # a claim for another pool: alone, right after
                     await self._cycle([])
+
+    def _gather(self, writes: list[_Pending]) -> None:
+        while len(writes) < self._batch_max:
+            try:
+                self._add(self._receive.receive_nowait(), writes)
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+
+    def _release(self) -> None:
+        if self._on_release is not None:
+            self._on_release()
 
     def _add(self, item: _Pending | Claim, writes: list[_Pending]) -> None:
         if isinstance(item, Claim):
@@ -217,9 +258,18 @@ class Completer:
             if rows is None and claim is not None:
                 claim.done.set()  # failed or cancelled: nothing to start
         written = _start_claimed(rows, claim)
-        # Once the rows are started: the first handler then runs before the producer's turn
-        # (the event loop resumes woken tasks in the order they were woken).
         if claim is not None:
+            if claim.got == claim.want and not claim.abandoned:
+                # A full batch: there may be more. The producer's next claim is queued now, so
+                # that it goes out in the next statement, with the write-backs queued by then,
+                # not one event-loop turn late in a statement of its own.
+                claim.then = Claim(claim.pool, claim.keyed, claim.fair, claim.take,
+                                   claim.start, queued=True)
+                self._chained.append(claim.then)
+            if claim.idle and not writes:
+                # An idle worker woken: its runs start now, ahead of the producer's turn (the
+                # event loop resumes woken tasks in the order they were woken).
+                self._release()
             claim.done.set()
         self._report(writes, written)
 
@@ -236,11 +286,18 @@ class Completer:
         params = self._params(writes)
         delay = 0.05
         deadline = anyio.current_time() + self._retry_for_s
+        # The slots woken now run once this task yields: with the statement on the wire (or,
+        # while a connection is opened or the statement retried, meanwhile).
+        self._release()
         while True:
             try:
                 async with self._connection() as conn:
                     sent = time.perf_counter()
-                    rows = await self._statement(conn, params, claim)
+                    self.in_flight = True
+                    try:
+                        rows = await self._statement(conn, params, claim)
+                    finally:
+                        self.in_flight = False
                     if self._on_statement is not None:
                         self._on_statement(time.perf_counter() - sent)
             except psycopg.OperationalError as exc:

@@ -1,13 +1,14 @@
 """Claiming: one producer per pool.
 
-A producer claims as many runs as there are free slots (``FOR UPDATE SKIP LOCKED``, in the
-completer's next statement, together with the write-backs queued by then) and keeps claiming
-while batches come back full. Slots count claim-ahead too: a worker holds up to ``concurrency
-+ prefetch`` claimed runs (prefetch sized by :mod:`~notifyq._dispatch.claim_ahead`), so a
-handler slot that frees up starts its next run from the buffer without waiting for a round
-trip. When the pool is empty it sleeps
-until the first of: a NOTIFY for its pool, the jittered poll interval, or the earliest
-scheduled ``run_at`` — so a scheduled run starts on time, not at the next poll.
+A producer claims as many runs as there are free slots, at most half of all of them
+(``FOR UPDATE SKIP LOCKED``, in the completer's next statement, together with the write-backs
+queued by then) and keeps claiming while batches come back full: the completer queues the next
+claim itself as a full batch comes back (:attr:`Claim.then`). Slots count claim-ahead too: a
+worker holds up to ``concurrency + prefetch`` claimed runs (prefetch sized by
+:mod:`~notifyq._dispatch.claim_ahead`), so a handler slot that frees up starts its next run
+from the buffer without waiting for a round trip. When the pool is empty it sleeps until the
+first of: a NOTIFY for its pool, the jittered poll interval, or the earliest scheduled
+``run_at`` — so a scheduled run starts on time, not at the next poll.
 """
 
 from __future__ import annotations
@@ -45,9 +46,13 @@ class Slots:
         self._freed = anyio.Event()
 
     def take(self, limit: int) -> int:
+        """Take up to ``limit`` free slots for a claim, and at most half of them: the other
+        half holds the batch the handlers run while this claim is in flight (a claim of every
+        slot leaves none for the next one until the batch has run, and the worker falls back
+        to handlers and server taking turns; see notifyq/_dispatch/completer.py)."""
         if self._sizer is not None:
             self.resize(self._sizer())
-        n = max(0, min(self.free, limit))
+        n = max(0, min(self.free, limit, (self.size + 1) // 2))
         self.free -= n
         return n
 
@@ -80,7 +85,8 @@ class Producer:
     def __init__(self, pool_name: str, *, db: AsyncConnectionPool[AsyncConn], queries: Queries,
                  clock: Clock, slots: Slots, completer: Completer,
                  poll_interval_s: float, start: Callable[[dict[str, Any]], None],
-                 burst: bool = False, grace: StopGrace | None = None) -> None:
+                 burst: bool = False, grace: StopGrace | None = None,
+                 idle: Callable[[], bool] | None = None) -> None:
         self.pool_name = pool_name
         self._db = db
         self._q = queries
@@ -91,6 +97,8 @@ class Producer:
         self._start = start
         self._burst = burst
         self._grace = grace or StopGrace()
+        self._idle_now = idle or (lambda: slots.busy == 0)
+        """The worker holds no run (none buffered, running or being written back)."""
         self._wake = anyio.Event()
         self.keyed = False
         """Also claim runs with a concurrency key or a rate limit (set when a handler of this
@@ -105,38 +113,50 @@ class Producer:
 
     async def run(self) -> None:
         backoff = 0.05
-        while True:
-            await self._slots.wait_free()
-            self._wake = anyio.Event()  # before claiming: a NOTIFY from now on is not lost
-            request = Claim(self.pool_name, self.keyed, self.fair, self._take, self._start,
-                            idle=self._slots.busy == 0)
-            try:
-                await self._completer.claim(request)
-            except psycopg.OperationalError as exc:
-                self._slots.give(request.want)
-                log.warning("claim failed (%s); retrying in %.2f s", type(exc).__name__, backoff)
-                await anyio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            backoff = 0.05
-            if not request.want:
-                continue  # another pool's claim took the free slots first
-            self._slots.give(request.want - request.got)
-            self.claims += 1
-            self.claimed += request.got
-            if request.got:
-                # Let the handlers start before this producer's next statement (the delay
-                # query of _idle) is sent: claim -> handler start at idle, p50 0.39 -> 0.23 ms.
-                await anyio.lowlevel.checkpoint()
-            if request.got == request.want:
-                continue  # the batch was full: there may be more
-            if self._burst:
-                if not request.got and self._slots.busy == 0:
-                    return
-                with anyio.move_on_after(0.05):
-                    await self._wake.wait()
-                continue
-            await self._idle()
+        request: Claim | None = None
+        try:
+            while True:
+                if request is None:
+                    await self._slots.wait_free()
+                    request = Claim(self.pool_name, self.keyed, self.fair, self._take,
+                                    self._start, idle=self._idle_now())
+                self._wake = anyio.Event()  # before claiming: a NOTIFY from now on is not lost
+                try:
+                    await self._completer.claim(request)
+                except psycopg.OperationalError as exc:
+                    self._slots.give(request.want)
+                    request = None
+                    log.warning("claim failed (%s); retrying in %.2f s", type(exc).__name__,
+                                backoff)
+                    await anyio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                backoff = 0.05
+                # The next claim, when the completer queued one after a full batch.
+                done, request = request, request.then
+                if not done.want:
+                    continue  # another pool's claim took the free slots first
+                self._slots.give(done.want - done.got)
+                self.claims += 1
+                self.claimed += done.got
+                if done.got == done.want:
+                    continue  # the batch was full: there may be more
+                if done.got:
+                    # Let the handlers start before this producer's next statement (the delay
+                    # query of _idle) is sent: claim -> handler start at idle, p50 0.39 -> 0.23
+                    # ms.
+                    await anyio.lowlevel.checkpoint()
+                if self._burst:
+                    if not done.got and self._slots.busy == 0:
+                        return
+                    with anyio.move_on_after(0.05):
+                        await self._wake.wait()
+                    continue
+                await self._idle()
+        finally:
+            # Stopped with a claim the completer queued and nobody awaits: it must not be sent.
+            if request is not None and not request.done.is_set():
+                request.abandoned = True
 
     def _take(self) -> int:
         return self._slots.take(CLAIM_MAX)

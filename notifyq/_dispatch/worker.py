@@ -11,7 +11,9 @@ The worker claims ahead: up to ``prefetch`` runs beyond the busy slots wait in t
 leased and heartbeated like running ones, so a slot that frees up starts its next run at once
 while the completer's next statement writes the finished ones back and claims more. How many is
 :class:`~notifyq._dispatch.claim_ahead.ClaimAhead`'s: ``worker.prefetch``, or by default as
-many as the handlers finish in two claim round trips.
+many as the handlers finish in three claim round trips. The runs of a full batch start when the
+completer has sent its next statement (:meth:`Worker._wake_slots`, its ``on_release``), so the
+handlers run while that statement is in flight (notifyq/_dispatch/completer.py).
 
 Shutdown (the caller's scope is cancelled, e.g. on SIGTERM): producers and maintenance stop at
 once; claimed-ahead runs that never started are released at once; running handlers get
@@ -84,14 +86,16 @@ class Worker:
         self.completer = Completer(db, queries, clock, batch_max=cfg.completer_batch_max,
                                    on_written=self._on_written, worker_id=self.id,
                                    lease_s=cfg.lease_s, dsn=settings.database_url,
-                                   on_statement=self.claim_ahead.statement)
+                                   on_statement=self.claim_ahead.statement,
+                                   on_release=self._wake_slots)
         self.executor = Executor(registry, self.completer, clock,
                                  thread_limiter=anyio.CapacityLimiter(concurrency), db=db,
                                  queries=queries)
         self.producers = {
             pool: Producer(pool, db=db, queries=queries, clock=clock, slots=self.slots,
                            completer=self.completer, poll_interval_s=cfg.poll_interval_s,
-                           start=self._start, burst=burst, grace=self.grace)
+                           start=self._start, burst=burst, grace=self.grace,
+                           idle=lambda: not self.active)
             for pool in pools
         }
         for pool in registry.keyed_pools() & set(self.producers):
@@ -215,8 +219,11 @@ class Worker:
         if self._stopping.is_set():  # claimed while shutting down: never started
             self.executor.release(execution, self._finished)
             return
-        self._ready.append(execution)
-        if self._idle_slots:
+        self._ready.append(execution)  # started by _wake_slots, when the completer says
+
+    def _wake_slots(self) -> None:
+        """Wake an idle slot for each buffered run (the completer's ``on_release``)."""
+        for _ in range(min(len(self._ready), len(self._idle_slots))):
             self._idle_slots.popleft().set()
 
     async def _slot(self) -> None:

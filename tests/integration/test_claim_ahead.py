@@ -4,12 +4,14 @@ many. Counted in SQL: a claimed run is ``running`` whether it executes or waits 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import anyio
 import pytest
 
 from notifyq import App, JobContext
+from notifyq._dispatch.worker import Worker
 from tests.conftest import fast_settings
 from tests.integration.inproc import running, scalar
 
@@ -53,3 +55,34 @@ async def test_a_worker_with_long_runs_claims_ahead_only_what_its_prefetch_says(
         assert max(held) <= CONCURRENCY + 2, held
     else:
         assert max(held) == CONCURRENCY + prefetch, held
+
+
+async def test_a_busy_workers_handlers_run_while_its_next_statement_is_in_flight(
+        dsn: str) -> None:
+    # Statement k writes back batch k-1 and claims batch k+1 while the handlers run batch k
+    # (notifyq/_dispatch/completer.py). Before, a slot ran its whole batch between statements:
+    # no handler ever saw one in flight, and the server and the handlers took turns.
+    app = App(settings=fast_settings(dsn, worker={"prefetch": 12}))
+    worker: Worker | None = None
+    in_flight: list[bool] = []
+
+    @app.handler("t.noop")
+    async def noop(ctx: JobContext) -> None:
+        assert worker is not None
+        in_flight.append(worker.completer.in_flight)
+
+    n = 600
+    async with app:
+        await app.enqueue_many([{"job_type": "t.noop", "input": {}} for _ in range(n)])
+        async with anyio.create_task_group() as tg:
+            worker = await tg.start(partial(app.run_worker, concurrency=CONCURRENCY,
+                                            burst=True))
+        assert await scalar(app, "SELECT count(*) FROM notifyq.job_run"
+                                 " WHERE status = 'completed' AND attempts = 1") == n
+    assert len(in_flight) == n
+    assert sum(in_flight) >= 0.8 * n, sum(in_flight)
+    # Each statement carried a claim (the producer's next one, queued by the completer as a
+    # full batch came back), not write-backs alone and then the claim alone.
+    claims = sum(p.claims for p in worker.producers.values())
+    assert worker.completer.batches <= claims + 2, (worker.completer.batches, claims)
+    assert claims < n / 4  # batches, not a statement a run

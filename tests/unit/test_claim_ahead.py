@@ -48,17 +48,19 @@ def test_until_it_has_measured_it_claims_as_many_ahead_as_it_has_slots() -> None
     assert ahead.slots() == 20  # too short a window to estimate anything
 
 
-def test_short_runs_get_the_most_claimed_ahead() -> None:
-    # No-op runs: ~8,000 finished a second with 2.5 ms statements want 40 ahead, the cap.
+def test_short_runs_get_three_round_trips_worth_up_to_the_cap() -> None:
+    # No-op runs: ~8,000 finished a second with 2.5 ms statements want 60 ahead; at 20,000 a
+    # second, 150, more than the cap (10 a slot, at most 100).
     clock = FakeClock()
     ahead = ClaimAhead(10, None, now=clock)
-    assert run_at(ahead, clock, rate=8000, round_trip_s=0.0025) == 10 + MOST_PER_SLOT * 10
+    assert run_at(ahead, clock, rate=8000, round_trip_s=0.0025) == 10 + 60
+    assert run_at(ahead, clock, rate=20000, round_trip_s=0.0025) == 10 + MOST_PER_SLOT * 10
 
 
-def test_ten_millisecond_runs_get_two_round_trips_worth() -> None:
+def test_ten_millisecond_runs_get_three_round_trips_worth() -> None:
     clock = FakeClock()
     ahead = ClaimAhead(10, None, now=clock)
-    assert run_at(ahead, clock, rate=1000, round_trip_s=0.002) == 10 + 4
+    assert run_at(ahead, clock, rate=1000, round_trip_s=0.002) == 10 + 6
 
 
 def test_long_runs_are_not_hoarded() -> None:
@@ -70,22 +72,32 @@ def test_long_runs_are_not_hoarded() -> None:
 def test_a_worker_that_slows_down_claims_less_ahead_within_a_second_or_two() -> None:
     clock = FakeClock()
     ahead = ClaimAhead(10, None, now=clock)
-    assert run_at(ahead, clock, rate=8000, round_trip_s=0.0025) == 50
+    assert run_at(ahead, clock, rate=8000, round_trip_s=0.0025) == 70
     assert run_at(ahead, clock, rate=100, round_trip_s=0.0025, seconds=3) == 11
 
 
 @pytest.mark.anyio
 async def test_slots_shrink_as_held_runs_finish_and_grow_at_once() -> None:
-    sizes = iter([6, 2, 2, 8])
+    sizes = iter([6, 6, 2, 2, 8, 8])
     slots = Slots(6, lambda: next(sizes))
-    assert slots.take(100) == 6
+    assert slots.take(100) == 3  # half the slots at a time
+    assert slots.take(100) == 3
     assert slots.take(100) == 0  # resized to 2 with 6 held: free is -4
     assert (slots.size, slots.free, slots.busy) == (2, -4, 6)
     slots.give(5)
     assert slots.free == 1
     assert slots.take(100) == 1
-    assert slots.take(100) == 6  # resized to 8: the 6 more are free at once
-    assert (slots.size, slots.free) == (8, 0)
+    assert slots.take(100) == 4  # resized to 8: the 6 more are free at once, half taken
+    assert (slots.size, slots.free) == (8, 2)
+
+
+@pytest.mark.parametrize(("size", "limit", "taken"), [(1, 100, 1), (2, 100, 1), (5, 100, 3),
+                                                      (10, 100, 5), (10, 2, 2)])
+def test_a_claim_takes_at_most_half_the_slots(size: int, limit: int, taken: int) -> None:
+    # The other half holds the batch the handlers run while the claim is in flight.
+    slots = Slots(size)
+    assert slots.take(limit) == taken
+    assert slots.free == size - taken
 
 
 @pytest.mark.anyio
@@ -107,11 +119,11 @@ async def test_a_producer_waiting_for_a_slot_wakes_when_the_slots_grow() -> None
             await woke.wait()
 
 
-@pytest.mark.parametrize(("concurrency", "most_ahead"), [(1, 4), (10, 40), (25, 100), (50, 100),
+@pytest.mark.parametrize(("concurrency", "most_ahead"), [(1, 10), (4, 40), (10, 100), (25, 100),
                                                          (200, 200)])
-def test_the_most_claimed_ahead_is_four_per_slot_up_to_a_hundred_or_the_concurrency(
+def test_the_most_claimed_ahead_is_ten_per_slot_up_to_a_hundred_or_the_concurrency(
         concurrency: int, most_ahead: int) -> None:
     clock = FakeClock()
     ahead = ClaimAhead(concurrency, None, now=clock)
     assert run_at(ahead, clock, rate=1e6, round_trip_s=0.01) == concurrency + most_ahead
-    assert MOST_PER_SLOT == 4
+    assert MOST_PER_SLOT == 10
