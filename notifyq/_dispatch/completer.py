@@ -95,6 +95,7 @@ class Claim:
     then: Claim | None = None
     """After a full batch: the producer's next claim, already queued by the completer."""
     queued: bool = False
+    """Queued by the completer itself (a :attr:`then`): :meth:`Completer.claim` only waits."""
     done: anyio.Event = field(default_factory=anyio.Event)
 
 
