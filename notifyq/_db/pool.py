@@ -156,6 +156,11 @@ class WarmConnection:
                 self._conn = None
                 await conn.close()
 
+    @property
+    def busy(self) -> bool:
+        """In use by a caller (who then holds it until its ``connection()`` block ends)."""
+        return self._busy
+
     async def _take(self) -> AsyncConn | None:
         """The connection, now busy; None when it already is or cannot be opened."""
         if self._busy:

@@ -25,10 +25,23 @@ handlers took turns: drain at concurrency 10, 2 cores, statements in flight 64-6
 time and 1.2-2.1 ms of Python between two of them; since, 74-84 % and 0.2-0.8 ms (bench/RESULTS.md,
 2026-12-03).
 
-The statements go on a connection of the completer's own (a
-:class:`~notifyq._db.pool.WarmConnection`, the pool's while it cannot be opened) whose session
-plans them once (``worker_session_generic_plans``): a backend kept busy, and no statement
+The statements go on connections of the completer's own (each a
+:class:`~notifyq._db.pool.WarmConnection`, the pool's while it cannot be opened) whose sessions
+plan them once (``worker_session_generic_plans``): backends kept busy, and no statement
 planned anew after the queue table changed size.
+
+Up to ``lanes`` statements are in flight at once, one per connection: each lane is the loop
+above, and while one lane's statement waits for the server (its write-backs' commit, the
+WAL flush), the next lane gathers what has queued since and sends it. One lane is bounded by
+one backend doing one statement at a time: ``notifyq bench --only sql``, this statement in a
+bare loop of 100-row batches with no Python at all, did 25.4k runs/s on one connection and
+33.9k on four (2-core VM, 2026-12-04). Drain of 20,000 no-op runs, one lane against two,
+alternated twice (runs/s): concurrency 200 23,155 / 24,672 -> 28,802 / 27,361, concurrency
+100 19,824 / 21,949 -> 25,330 / 24,819, concurrency 50 20,672 / 23,216 -> 22,654 / 22,793,
+concurrency 10 16,859 / 17,340 -> 17,871 / 17,379 (statements of 15 runs instead of 26 there:
+the runs split between the lanes). Lanes never wait on each other's rows: their write-backs
+are of different runs (a run is written back once per claim), and their claims skip locked
+rows.
 
 Rows the statement did not return were taken over by another worker: their callbacks get
 ``written=False`` (:meth:`write` raises :class:`~notifyq._errors.LeaseLost`).
@@ -107,12 +120,17 @@ class Completer:
                  retry_for_s: float = 30.0, worker_id: str = "", lease_s: float = 30.0,
                  dsn: str | None = None,
                  on_statement: Callable[[float], None] | None = None,
-                 on_release: Callable[[], None] | None = None) -> None:
+                 on_release: Callable[[], None] | None = None, lanes: int = 1) -> None:
+        if lanes < 1:
+            raise ValueError(f"lanes must be at least 1, got {lanes}")
         self._pool = pool
-        # Its own connection (the pool's when none is given, or while it cannot be opened):
-        # one statement is in flight at a time, on a backend kept busy, planned once.
-        self._conn = None if dsn is None else WarmConnection(
-            dsn, application_name="notifyq-completer", configure=self._configure)
+        self._lanes = lanes
+        # Its own connections, one per lane (the pool's when no DSN is given, or while one
+        # cannot be opened): one statement in flight on each, on backends kept busy, planned
+        # once. Each is opened on first use, so a lane that never sends opens none.
+        self._conns = [] if dsn is None else [
+            WarmConnection(dsn, application_name="notifyq-completer", configure=self._configure)
+            for _ in range(lanes)]
         self._q = queries
         self._clock = clock
         self._batch_max = batch_max
@@ -132,8 +150,8 @@ class Completer:
         self._chained: list[Claim] = []
         self.batches = 0
         self.lease_lost = 0
-        self.in_flight = False
-        """A statement is on its way or being answered."""
+        self.in_flight = 0
+        """Statements on their way or being answered (at most ``lanes``)."""
 
     def submit(self, run_id: UUID, fence: int, outcome: Outcome, done: Written) -> None:
         """Queue ``outcome`` for writing; ``done`` is called after the statement."""
@@ -185,40 +203,42 @@ class Completer:
 
     async def run(self) -> None:
         try:
-            await self._run()
+            async with self._receive, anyio.create_task_group() as lanes:
+                for lane in range(self._lanes):
+                    lanes.start_soon(self._run, name=f"completer lane {lane}")
         finally:
-            if self._conn is not None:
-                with anyio.CancelScope(shield=True):
-                    await self._conn.close()
+            with anyio.CancelScope(shield=True):
+                for conn in self._conns:
+                    await conn.close()
 
     async def _run(self) -> None:
-        async with self._receive:
-            while True:
-                # One turn of the event loop before gathering: the producers the last statement
-                # answered (and those whose slots the finished handlers freed) queue their next
-                # claims meanwhile, so claims and write-backs go in one statement. Without it
-                # the completer won the race every time and a busy worker alternated
-                # writes-only and claims-only statements (drain, concurrency 10: two round
-                # trips per batch).
-                await anyio.lowlevel.checkpoint()
-                self._claims += self._chained
-                self._chained.clear()
-                writes: list[_Pending] = []
+        """One lane: gather what has queued, send it, wait for the answer; until closed."""
+        while True:
+            # One turn of the event loop before gathering: the producers the last statement
+            # answered (and those whose slots the finished handlers freed) queue their next
+            # claims meanwhile, so claims and write-backs go in one statement. Without it
+            # the completer won the race every time and a busy worker alternated
+            # writes-only and claims-only statements (drain, concurrency 10: two round
+            # trips per batch).
+            await anyio.lowlevel.checkpoint()
+            self._claims += self._chained
+            self._chained.clear()
+            writes: list[_Pending] = []
+            self._gather(writes)
+            if not writes and not self._claims:
+                self._release()  # nothing to send: the runs claimed last may start now
+                try:
+                    first = await self._receive.receive()
+                except anyio.EndOfStream:
+                    return
+                # An idle worker's claim has nothing to wait for.
+                if not (isinstance(first, Claim) and first.idle):
+                    await anyio.lowlevel.checkpoint()
+                self._add(first, writes)
                 self._gather(writes)
-                if not writes and not self._claims:
-                    self._release()  # nothing to send: the runs claimed last may start now
-                    try:
-                        first = await self._receive.receive()
-                    except anyio.EndOfStream:
-                        return
-                    # An idle worker's claim has nothing to wait for.
-                    if not (isinstance(first, Claim) and first.idle):
-                        await anyio.lowlevel.checkpoint()
-                    self._add(first, writes)
-                    self._gather(writes)
-                await self._cycle(writes)
-                while self._claims:  # a claim for another pool: alone, right after
-                    await self._cycle([])
+            await self._cycle(writes)
+            while self._claims:  # a claim for another pool: alone, right after
+                await self._cycle([])
 
     def _gather(self, writes: list[_Pending]) -> None:
         while len(writes) < self._batch_max:
@@ -294,11 +314,11 @@ class Completer:
             try:
                 async with self._connection() as conn:
                     sent = time.perf_counter()
-                    self.in_flight = True
+                    self.in_flight += 1
                     try:
                         rows = await self._statement(conn, params, claim)
                     finally:
-                        self.in_flight = False
+                        self.in_flight -= 1
                     if self._on_statement is not None:
                         self._on_statement(time.perf_counter() - sent)
             except psycopg.OperationalError as exc:
@@ -318,9 +338,12 @@ class Completer:
                 return rows
 
     def _connection(self) -> AbstractAsyncContextManager[AsyncConn]:
-        if self._conn is None:
-            return self._pool.connection()
-        return self._conn.connection(self._pool)
+        """A free connection of the completer's (each lane holds at most one at a time, so
+        one is free), or the pool's."""
+        for conn in self._conns:
+            if not conn.busy:
+                return conn.connection(self._pool)
+        return self._pool.connection()
 
     async def _statement(self, conn: AsyncConn, params: dict[str, Any],
                          claim: Claim | None) -> list[dict[str, Any]]:

@@ -87,7 +87,8 @@ class Worker:
                                    on_written=self._on_written, worker_id=self.id,
                                    lease_s=cfg.lease_s, dsn=settings.database_url,
                                    on_statement=self.claim_ahead.statement,
-                                   on_release=self._wake_slots)
+                                   on_release=self._wake_slots,
+                                   lanes=cfg.completer_connections)
         self.executor = Executor(registry, self.completer, clock,
                                  thread_limiter=anyio.CapacityLimiter(concurrency), db=db,
                                  queries=queries)

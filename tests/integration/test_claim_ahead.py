@@ -62,14 +62,16 @@ async def test_a_busy_workers_handlers_run_while_its_next_statement_is_in_flight
     # Statement k writes back batch k-1 and claims batch k+1 while the handlers run batch k
     # (notifyq/_dispatch/completer.py). Before, a slot ran its whole batch between statements:
     # no handler ever saw one in flight, and the server and the handlers took turns.
-    app = App(settings=fast_settings(dsn, worker={"prefetch": 12}))
+    # One lane: with two (the default), the second lane also sends write-backs alone while
+    # the first carries the claim (tests/integration/test_completer_lanes.py).
+    app = App(settings=fast_settings(dsn, worker={"prefetch": 12, "completer_connections": 1}))
     worker: Worker | None = None
     in_flight: list[bool] = []
 
     @app.handler("t.noop")
     async def noop(ctx: JobContext) -> None:
         assert worker is not None
-        in_flight.append(worker.completer.in_flight)
+        in_flight.append(worker.completer.in_flight > 0)
 
     n = 600
     async with app:

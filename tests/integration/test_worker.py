@@ -462,13 +462,15 @@ async def test_the_completer_keeps_its_own_connection_and_replaces_it_when_kille
     async with running(app, concurrency=3):
         await app.enqueue_many([{"job_type": "t.own", "input": {"i": i}} for i in range(20)])
         await eventually(lambda: completed(20))
-        [first] = completer_backends()
-        assert terminate(sql, "notifyq-completer") == 1
+        first = completer_backends()  # one, or two when statements overlapped (its lanes)
+        assert 1 <= len(first) <= 2
+        assert terminate(sql, "notifyq-completer") == len(first)
         await app.enqueue_many([{"job_type": "t.own", "input": {"i": i}}
                                 for i in range(20, 40)])
         await eventually(lambda: completed(40))
-        [second] = completer_backends()
-    assert second != first
+        second = completer_backends()
+    assert second
+    assert not second & first
     assert sorted(seen) == list(range(40))  # each once: nothing lost or run twice
 
     async def closed() -> None:  # with the worker; its backend exits a moment later
