@@ -106,11 +106,12 @@ class WorkerSettings(_Section):
     """Claimed runs a worker holds beyond its busy handlers (claim-ahead), so a handler that
     finishes starts the next run without waiting for a claim; they are leased and heartbeated
     like running ones, and released at shutdown. 0 claims only for free handlers. Defaults to
-    adaptive: as many as the worker's handlers finish in three claim round trips, at least 1
-    and at most 10 per handler slot up to 100 (or the concurrency, where that is more), starting
-    at the concurrency: short runs are claimed in large batches, long ones are not held away
-    from other workers. A claim takes at most half of the worker's slots, so the next batch is
-    claimed while the handlers run the last one."""
+    adaptive: as many as the worker's handlers could finish in three claim round trips (the
+    concurrency over their mean duration), at least 1 and at most 20 per handler slot up to 200
+    (or the concurrency, where that is more), starting at the concurrency: short runs are
+    claimed in large batches, long ones are not held away from other workers. A claim takes
+    at most half of the worker's slots, so the next batch is claimed while the handlers run the
+    last one."""
 
     fair_pools: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Pools claimed fairly across tenants: each claim takes an even share of its batch from

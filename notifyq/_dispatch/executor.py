@@ -59,6 +59,8 @@ class Execution:
     freed: bool = False
     """Its claim slot was given back when the handler returned, before the write settled."""
     claimed_at: datetime | None = None
+    handler_s: float = 0.0
+    """How long its handler ran, in seconds (0 until it has)."""
     trace_context: dict[str, str] | None = None
     """The enqueue's W3C trace context (OpenTelemetry), continued by the handler's spans."""
 
@@ -132,7 +134,7 @@ class Executor:
         with processing(execution.claimed) as span:
             started = time.monotonic()
             result = await self._invoke(spec, execution)
-            elapsed = time.monotonic() - started
+            execution.handler_s = elapsed = time.monotonic() - started
             if result is None:
                 log.debug("run %s: lease lost while running; result dropped", execution.id,
                           extra=execution.log_extra)

@@ -11,9 +11,10 @@ The worker claims ahead: up to ``prefetch`` runs beyond the busy slots wait in t
 leased and heartbeated like running ones, so a slot that frees up starts its next run at once
 while the completer's next statement writes the finished ones back and claims more. How many is
 :class:`~notifyq._dispatch.claim_ahead.ClaimAhead`'s: ``worker.prefetch``, or by default as
-many as the handlers finish in three claim round trips. The runs of a full batch start when the
-completer has sent its next statement (:meth:`Worker._wake_slots`, its ``on_release``), so the
-handlers run while that statement is in flight (notifyq/_dispatch/completer.py).
+many as the handlers could finish in three claim round trips. The runs of a full batch start
+when the completer has sent its next statement (:meth:`Worker._wake_slots`, its
+``on_release``), so the handlers run while that statement is in flight
+(notifyq/_dispatch/completer.py).
 
 Shutdown (the caller's scope is cancelled, e.g. on SIGTERM): producers and maintenance stop at
 once; claimed-ahead runs that never started are released at once; running handlers get
@@ -259,7 +260,7 @@ class Worker:
         if execution.settled:
             return
         execution.settled = True
-        self.claim_ahead.finished()
+        self.claim_ahead.finished(execution.handler_s)
         self.active.pop(execution.id, None)
         if execution.freed:
             self._writing -= 1

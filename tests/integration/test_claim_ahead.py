@@ -90,3 +90,28 @@ async def test_a_busy_workers_handlers_run_while_its_next_statement_is_in_flight
     claims = sum(p.claims for p in ran.producers.values())
     assert ran.completer.batches <= claims + 2, (ran.completer.batches, claims)
     assert claims < n / 4  # batches, not a statement a run
+
+
+async def test_a_worker_of_fast_handlers_claims_ahead_up_to_its_cap(dsn: str) -> None:
+    # No-op handlers finish as fast as the worker claims them: the window follows what the
+    # handlers could do (the cap: 20 a slot), not the rate the window itself allows.
+    app = App(settings=fast_settings(dsn))
+    worker: Worker | None = None
+    prefetches: list[int] = []
+
+    @app.handler("t.noop")
+    async def noop(ctx: JobContext) -> None:
+        assert worker is not None
+        prefetches.append(worker.claim_ahead.prefetch)
+
+    n = 4000
+    async with app:
+        await app.enqueue_many([{"job_type": "t.noop", "input": {}} for _ in range(n)])
+        async with anyio.create_task_group() as tg:
+            worker = await tg.start(partial(app.run_worker, concurrency=CONCURRENCY,
+                                            burst=True))
+        assert await scalar(app, "SELECT count(*) FROM notifyq.job_run"
+                                 " WHERE status = 'completed' AND attempts = 1") == n
+    assert len(prefetches) == n
+    assert prefetches[0] == CONCURRENCY  # before any estimate
+    assert max(prefetches) == 20 * CONCURRENCY

@@ -19,15 +19,15 @@ class FakeClock:
         return self.t
 
 
-def run_at(ahead: ClaimAhead, clock: FakeClock, *, rate: float, round_trip_s: float,
-           seconds: float = 2.0) -> int:
-    """Finish runs at ``rate`` for ``seconds`` with statements of ``round_trip_s``, asking for
-    the slots every 10 ms as producers do; the last answer."""
+def run_at(ahead: ClaimAhead, clock: FakeClock, *, rate: float, handler_s: float,
+           round_trip_s: float, seconds: float = 2.0) -> int:
+    """Finish runs at ``rate``, each ``handler_s`` long, for ``seconds`` with statements of
+    ``round_trip_s``, asking for the slots every 10 ms as producers do; the last answer."""
     slots = ahead.slots()
     for _ in range(int(seconds / 0.01)):
         clock.t += 0.01
         for _ in range(round(rate * 0.01)):
-            ahead.finished()
+            ahead.finished(handler_s)
         ahead.statement(round_trip_s)
         slots = ahead.slots()
     return slots
@@ -36,7 +36,7 @@ def run_at(ahead: ClaimAhead, clock: FakeClock, *, rate: float, round_trip_s: fl
 def test_a_fixed_prefetch_is_kept_whatever_the_worker_does() -> None:
     clock = FakeClock()
     ahead = ClaimAhead(10, 3, now=clock)
-    assert run_at(ahead, clock, rate=8000, round_trip_s=0.0025) == 13
+    assert run_at(ahead, clock, rate=8000, handler_s=1e-5, round_trip_s=0.0025) == 13
     assert ClaimAhead(10, 0, now=clock).slots() == 10
 
 
@@ -48,32 +48,41 @@ def test_until_it_has_measured_it_claims_as_many_ahead_as_it_has_slots() -> None
     assert ahead.slots() == 20  # too short a window to estimate anything
 
 
-def test_short_runs_get_three_round_trips_worth_up_to_the_cap() -> None:
-    # No-op runs: ~8,000 finished a second with 2.5 ms statements want 60 ahead; at 20,000 a
-    # second, 150, more than the cap (10 a slot, at most 100).
+def test_short_runs_get_the_cap_however_slowly_they_are_seen_to_finish() -> None:
+    # No-op handlers (20 us) finishing only 8,000 a second: the claim-ahead holds the worker
+    # back, not the handlers, which could finish 500,000 a second; the cap is 20 a slot, at
+    # most 200.
     clock = FakeClock()
     ahead = ClaimAhead(10, None, now=clock)
-    assert run_at(ahead, clock, rate=8000, round_trip_s=0.0025) == 10 + 60
-    assert run_at(ahead, clock, rate=20000, round_trip_s=0.0025) == 10 + MOST_PER_SLOT * 10
+    assert run_at(ahead, clock, rate=8000, handler_s=2e-5, round_trip_s=0.0025) == 10 + 200
+    assert MOST_PER_SLOT == 20
+
+
+def test_a_handler_that_returns_at_once_counts_as_a_microsecond() -> None:
+    clock = FakeClock()
+    ahead = ClaimAhead(10, None, now=clock)
+    assert run_at(ahead, clock, rate=8000, handler_s=0.0, round_trip_s=0.0025) == 10 + 200
 
 
 def test_ten_millisecond_runs_get_three_round_trips_worth() -> None:
+    # 10 handlers of 10 ms could finish 1,000 a second: 3 x 2 ms of them is 6.
     clock = FakeClock()
     ahead = ClaimAhead(10, None, now=clock)
-    assert run_at(ahead, clock, rate=1000, round_trip_s=0.002) == 10 + 6
+    assert run_at(ahead, clock, rate=1000, handler_s=0.01, round_trip_s=0.002) == 10 + 6
 
 
 def test_long_runs_are_not_hoarded() -> None:
     clock = FakeClock()
     ahead = ClaimAhead(10, None, now=clock)
-    assert run_at(ahead, clock, rate=10, round_trip_s=0.002, seconds=5) == 11
+    assert run_at(ahead, clock, rate=10, handler_s=1.0, round_trip_s=0.002, seconds=5) == 11
 
 
-def test_a_worker_that_slows_down_claims_less_ahead_within_a_second_or_two() -> None:
+def test_a_worker_whose_runs_slow_down_claims_less_ahead_within_three_seconds() -> None:
     clock = FakeClock()
     ahead = ClaimAhead(10, None, now=clock)
-    assert run_at(ahead, clock, rate=8000, round_trip_s=0.0025) == 70
-    assert run_at(ahead, clock, rate=100, round_trip_s=0.0025, seconds=3) == 11
+    assert run_at(ahead, clock, rate=8000, handler_s=2e-5, round_trip_s=0.0025) == 210
+    # Then handlers of 30 s: none finishes for a while, and the estimate decays.
+    assert run_at(ahead, clock, rate=0, handler_s=30.0, round_trip_s=0.0025, seconds=3) == 11
 
 
 @pytest.mark.anyio
@@ -119,11 +128,11 @@ async def test_a_producer_waiting_for_a_slot_wakes_when_the_slots_grow() -> None
             await woke.wait()
 
 
-@pytest.mark.parametrize(("concurrency", "most_ahead"), [(1, 10), (4, 40), (10, 100), (25, 100),
-                                                         (200, 200)])
-def test_the_most_claimed_ahead_is_ten_per_slot_up_to_a_hundred_or_the_concurrency(
+@pytest.mark.parametrize(("concurrency", "most_ahead"), [(1, 20), (4, 80), (10, 200), (25, 200),
+                                                         (500, 500)])
+def test_the_most_claimed_ahead_is_twenty_per_slot_up_to_two_hundred_or_the_concurrency(
         concurrency: int, most_ahead: int) -> None:
     clock = FakeClock()
     ahead = ClaimAhead(concurrency, None, now=clock)
-    assert run_at(ahead, clock, rate=1e6, round_trip_s=0.01) == concurrency + most_ahead
-    assert MOST_PER_SLOT == 10
+    assert run_at(ahead, clock, rate=1e5, handler_s=1e-6,
+                  round_trip_s=0.01) == concurrency + most_ahead
