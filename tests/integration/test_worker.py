@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 
 from notifyq import (
@@ -421,6 +422,36 @@ async def test_a_run_scheduled_300_ms_ahead_starts_on_time(dsn: str) -> None:
     assert row["started_at"] >= row["run_at"]
     assert started_db[0] >= row["run_at"]
     assert started_db[0] - row["run_at"] < timedelta(seconds=2)
+
+
+async def test_a_wake_up_is_claimed_while_the_next_run_question_is_unanswered(dsn: str) -> None:
+    """An idle producer asks when its pool's next scheduled run is due; a NOTIFY that comes
+    meanwhile is claimed at once, not once the answer is in. The question is held unanswered
+    for real: it reads rate_window, which the test locks. The poll is 10 s away, so only the
+    NOTIFY can start the run."""
+    app = App(settings=fast_settings(dsn, worker={"poll_interval_s": 10.0}))
+
+    @app.handler("t.woken")
+    async def woken(ctx: JobContext) -> None: ...
+
+    async def questions_waiting() -> int:
+        return int(await scalar(app, "SELECT count(*) FROM pg_stat_activity "
+                                     "WHERE datname = current_database() "
+                                     "AND wait_event_type = 'Lock' "
+                                     "AND query LIKE '%%_rate_next_start%%'"))
+
+    async def question_waits() -> None:
+        assert await questions_waiting() == 1
+
+    async with app, await psycopg.AsyncConnection.connect(dsn) as locker, running(app):
+        await locker.execute("LOCK TABLE notifyq.rate_window IN ACCESS EXCLUSIVE MODE")
+        first = await app.enqueue("t.woken", {})  # after its claim the producer goes idle
+        await status_becomes(app, first.id, "completed")
+        await eventually(question_waits)
+        second = await app.enqueue("t.woken", {})
+        await status_becomes(app, second.id, "completed", within=5)
+        assert await questions_waiting() == 1  # still unanswered: the run did not wait for it
+        await locker.rollback()
 
 
 async def test_poll_only_mode_runs_everything_without_a_listener(dsn: str) -> None:
