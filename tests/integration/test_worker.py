@@ -509,6 +509,34 @@ async def test_the_completer_keeps_its_own_connection_and_replaces_it_when_kille
     await eventually(closed)
 
 
+async def test_handlers_that_wait_run_on_every_slot_at_once(app: App) -> None:
+    """Slots are woken one at a time, each as the last takes its run: handlers that wait must
+    still fill every slot. Each of these waits until all six run at once, so one slot short
+    and none would finish."""
+    inside = 0
+    all_inside = anyio.Event()
+    seen_slots: set[str] = set()
+
+    @app.handler("t.together")
+    async def together(ctx: JobContext) -> None:
+        nonlocal inside
+        seen_slots.add(anyio.get_current_task().name)
+        inside += 1
+        if inside == 6:
+            all_inside.set()
+        await all_inside.wait()
+
+    await app.enqueue_many([{"job_type": "t.together", "input": {}} for _ in range(12)])
+    async with running(app, concurrency=6):
+        with anyio.fail_after(10):
+            await all_inside.wait()
+
+        async def all_completed() -> None:
+            assert await _count(app, "status = 'completed'") == 12
+        await eventually(all_completed)
+    assert len(seen_slots) == 6
+
+
 async def test_a_worker_only_claims_from_its_pools(app: App) -> None:
     @app.handler("t.pooled")
     async def pooled(ctx: JobContext) -> None: ...
