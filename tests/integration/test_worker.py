@@ -520,7 +520,7 @@ async def test_handlers_that_wait_run_on_every_slot_at_once(app: App) -> None:
     @app.handler("t.together")
     async def together(ctx: JobContext) -> None:
         nonlocal inside
-        seen_slots.add(anyio.get_current_task().name)
+        seen_slots.add(str(anyio.get_current_task().name))
         inside += 1
         if inside == 6:
             all_inside.set()
