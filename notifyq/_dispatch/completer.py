@@ -109,7 +109,18 @@ class Claim:
     """After a full batch: the producer's next claim, already queued by the completer."""
     queued: bool = False
     """Queued by the completer itself (a :attr:`then`): :meth:`Completer.claim` only waits."""
+    sent: bool = False
+    """Its statement has gone out: runs committed since are not in its snapshot."""
+    settle: Callable[[Claim], None] | None = None
+    """For a claim nobody awaits (sent with :meth:`Completer.add`): called once it is answered,
+    has failed or was dropped, to give back what it did not use. Never chained (:attr:`then`)."""
     done: anyio.Event = field(default_factory=anyio.Event)
+
+    def finish(self) -> None:
+        """Answered, failed or dropped: wake whoever awaits it, or settle it."""
+        self.done.set()
+        if self.settle is not None:
+            self.settle(self)
 
 
 class Completer:
@@ -181,10 +192,7 @@ class Completer:
         """Claim runs in the next statement; returns ``request`` with ``want`` and ``got`` set
         (raises its ``failure``). Cancelled before the statement, nothing is claimed."""
         if not request.queued:
-            try:
-                self._send.send_nowait(request)
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                raise CompleterClosedError("completer is closed") from None
+            self.add(request)
         try:
             await request.done.wait()
         except BaseException:
@@ -193,6 +201,14 @@ class Completer:
         if request.failure is not None:
             raise request.failure
         return request
+
+    def add(self, request: Claim) -> None:
+        """Queue ``request`` for the next statement without waiting for it (its ``settle``
+        then does what an awaiting producer would)."""
+        try:
+            self._send.send_nowait(request)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise CompleterClosedError("completer is closed") from None
 
     def close(self) -> None:
         """Stop accepting writes; :meth:`run` returns once the queued ones are written."""
@@ -262,10 +278,12 @@ class Completer:
         if claim is not None and not claim.abandoned:
             claim.want = claim.take()
         if claim is not None and not claim.want:
-            claim.done.set()
+            claim.finish()
             claim = None
         if not writes and claim is None:
             return
+        if claim is not None:
+            claim.sent = True
         rows: list[dict[str, Any]] | None = None
         try:
             rows = await self._execute(writes, claim)
@@ -277,10 +295,10 @@ class Completer:
             return
         finally:
             if rows is None and claim is not None:
-                claim.done.set()  # failed or cancelled: nothing to start
+                claim.finish()  # failed or cancelled: nothing to start
         written = _start_claimed(rows, claim)
         if claim is not None:
-            if claim.got == claim.want and not claim.abandoned:
+            if claim.got == claim.want and not claim.abandoned and claim.settle is None:
                 # A full batch: there may be more. The producer's next claim is queued now, so
                 # that it goes out in the next statement, with the write-backs queued by then,
                 # not one event-loop turn late in a statement of its own.
@@ -291,7 +309,7 @@ class Completer:
                 # An idle worker woken: its runs start now, ahead of the producer's turn (the
                 # event loop resumes woken tasks in the order they were woken).
                 self._release()
-            claim.done.set()
+            claim.finish()
         self._report(writes, written)
 
     def _report(self, writes: list[_Pending], written: dict[UUID, dict[str, Any]]) -> None:

@@ -337,7 +337,7 @@ class Worker:
         if kind == "j":
             producer = self.producers.get(value)
             if producer is not None:
-                producer.wake()
+                producer.notified()
         elif kind == "c":
             try:
                 execution = self.active.get(UUID(value))

@@ -454,6 +454,50 @@ async def test_a_wake_up_is_claimed_while_the_next_run_question_is_unanswered(ds
         await locker.rollback()
 
 
+_HOLD_CLAIM_DDL = """
+CREATE FUNCTION public.hold_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(4242);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER job_run_hold_claim BEFORE UPDATE OF status ON notifyq.job_run FOR EACH ROW
+    WHEN (NEW.status = 'running' AND OLD.input ? 'hold')
+    EXECUTE FUNCTION public.hold_claim();
+"""
+
+
+async def test_a_run_committed_while_a_claim_is_on_its_way_is_claimed_beside_it(
+        dsn: str, sql: psycopg.Connection[Any]) -> None:
+    """A claim's statement sees only the runs committed before it went out; a NOTIFY that comes
+    while it is on its way is claimed beside it, on another completer lane, not after its
+    answer. The claim is held on its way for real: claiming the run marked ``hold`` waits (a
+    test trigger) for an advisory lock the test holds. The poll is 10 s away."""
+    sql.execute(_HOLD_CLAIM_DDL)
+    app = App(settings=fast_settings(dsn, worker={"poll_interval_s": 10.0}))
+
+    @app.handler("t.beside")
+    async def beside(ctx: JobContext) -> None: ...
+
+    async def claims_held() -> int:
+        return int(await scalar(app, "SELECT count(*) FROM pg_stat_activity "
+                                     "WHERE datname = current_database() "
+                                     "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"))
+
+    async def claim_held() -> None:
+        assert await claims_held() == 1
+
+    async with app, await psycopg.AsyncConnection.connect(dsn, autocommit=True) as locker, \
+            running(app):
+        await locker.execute("SELECT pg_advisory_lock(4242)")
+        held = await app.enqueue("t.beside", {"hold": True})
+        await eventually(claim_held)
+        second = await app.enqueue("t.beside", {})
+        await status_becomes(app, second.id, "completed", within=5)
+        assert await claims_held() == 1  # still on its way: the second run did not wait for it
+        await locker.execute("SELECT pg_advisory_unlock(4242)")
+        await status_becomes(app, held.id, "completed")
+
+
 async def test_poll_only_mode_runs_everything_without_a_listener(dsn: str) -> None:
     app = App(settings=fast_settings(dsn, worker={"listen": False}))
     seen: list[int] = []
