@@ -19,8 +19,8 @@ load of batches of 20 and a probe run every 20-50 ms; bench/RESULTS.md, 2026-12-
   p99 3.5-4.0 -> 2.1-2.4 ms);
 - a NOTIFY that comes while the producer's claim is on its way (sent before the new run
   committed, so blind to it) is claimed beside it, on another completer lane, instead of after
-  its answer (:meth:`Producer.notified`; p90 2.0-3.7 -> 0.8-1.1 ms, p99 3.3-10.9 -> 2.8-3.6
-  ms, in a slow hour of the machine).
+  its answer (:meth:`Producer.notified`; enqueue to claim request p90 1.7-2.0 -> 0.5-0.8
+  ms).
 """
 
 from __future__ import annotations
