@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, LiteralString
 
 import anyio
 import psycopg
@@ -424,6 +424,13 @@ async def test_a_run_scheduled_300_ms_ahead_starts_on_time(dsn: str) -> None:
     assert started_db[0] - row["run_at"] < timedelta(seconds=2)
 
 
+async def _lock_waits(app: App, condition: LiteralString) -> int:
+    """How many of the test database's backends wait on a lock, their ``condition`` true."""
+    return int(await scalar(app, "SELECT count(*) FROM pg_stat_activity "
+                                 "WHERE datname = current_database() "
+                                 "AND wait_event_type = 'Lock' AND " + condition))
+
+
 async def test_a_wake_up_is_claimed_while_the_next_run_question_is_unanswered(dsn: str) -> None:
     """An idle producer asks when its pool's next scheduled run is due; a NOTIFY that comes
     meanwhile is claimed at once, not once the answer is in. The question is held unanswered
@@ -435,10 +442,7 @@ async def test_a_wake_up_is_claimed_while_the_next_run_question_is_unanswered(ds
     async def woken(ctx: JobContext) -> None: ...
 
     async def questions_waiting() -> int:
-        return int(await scalar(app, "SELECT count(*) FROM pg_stat_activity "
-                                     "WHERE datname = current_database() "
-                                     "AND wait_event_type = 'Lock' "
-                                     "AND query LIKE '%%_rate_next_start%%'"))
+        return await _lock_waits(app, "query LIKE '%%_rate_next_start%%'")
 
     async def question_waits() -> None:
         assert await questions_waiting() == 1
@@ -479,9 +483,7 @@ async def test_a_run_committed_while_a_claim_is_on_its_way_is_claimed_beside_it(
     async def beside(ctx: JobContext) -> None: ...
 
     async def claims_held() -> int:
-        return int(await scalar(app, "SELECT count(*) FROM pg_stat_activity "
-                                     "WHERE datname = current_database() "
-                                     "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"))
+        return await _lock_waits(app, "wait_event = 'advisory'")
 
     async def claim_held() -> None:
         assert await claims_held() == 1
