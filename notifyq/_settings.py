@@ -361,10 +361,6 @@ class WebhookSettings(_Section):
     """After a secret rotation the old secret still signs this long. Defaults to 1 day."""
     max_connections: Annotated[int, Field(ge=1, le=10_000)] = 100
     """Pooled connections across destinations (kept alive per destination). Defaults to 100."""
-    transport: Literal["notifyq", "httpx"] = "notifyq"
-    """The HTTP/1.1 client under deliveries: ``notifyq``'s own (one request, one response,
-    framed as strictly as h11; 5-15x less CPU per request, docs/webhooks.md) or httpx's stock
-    transport (httpcore and h11); the SSRF guard applies to both. Defaults to "notifyq"."""
     endpoint_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 5
     """Deliveries to one endpoint in flight at once, across all workers (a concurrency key per
     endpoint, enforced when runs are claimed): a slow endpoint holds at most this many delivery

@@ -1,14 +1,12 @@
 """The HTTP side of one delivery attempt.
 
-One :class:`WebhookClient` per process: httpx requests sent straight through a transport, so
-connections are pooled per destination (origin) and every new connection is checked by the SSRF
-guard. ``webhooks.transport`` picks it: notifyq's own
-(:class:`~notifyq._webhooks.transport.GuardedTransport`, the default) or httpx's stock one
-(:class:`~notifyq._webhooks.stock.StockTransport`), the same guard under both. There is no client
-layer that could follow a redirect (3xx is a failure), read the environment (no proxy can route
-around the guard) or keep a cookie, and responses are asked for uncompressed. The whole attempt,
-body included, runs under one deadline enforced here, and at most ``response_max_bytes`` of the
-body are read.
+One :class:`WebhookClient` per process: httpx requests sent straight through
+:class:`~notifyq._webhooks.transport.GuardedTransport` (aiohttp under httpx's interface, the SSRF
+guard as its resolver), so connections are pooled per destination (origin) and every new
+connection is checked. There is no client layer that could follow a redirect (3xx is a failure),
+read the environment (no proxy can route around the guard) or keep a cookie, and responses are
+asked for uncompressed. The whole attempt, body included, runs under one deadline enforced
+here, and at most ``response_max_bytes`` of the body are read.
 
 What cannot be put on the wire at all (a URL httpx cannot parse, a header value that is not
 visible ASCII) is :class:`Unsendable`: :func:`request_for` is the one place that decides it, for
@@ -27,13 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import aiohttp
 import anyio
 import httpx
 
 from notifyq._errors import BlockedAddress, ResolutionFailed
 from notifyq._settings import WebhookSettings
 from notifyq._webhooks.ssrf import Guard, Resolver
-from notifyq._webhooks.transport import GuardedTransport, describe
+from notifyq._webhooks.transport import GuardedTransport, as_httpx, describe
 
 ErrorKind = Literal["timeout", "connect", "dns", "tls", "blocked", "invalid"]
 USER_AGENT = "notifyq-webhooks/1"
@@ -83,13 +82,8 @@ class WebhookClient:
             return _failed(started, "blocked", str(exc))
         except ResolutionFailed as exc:
             return _failed(started, "dns", str(exc))
-        except httpx.TimeoutException as exc:
-            return _failed(started, "timeout", describe(exc))
-        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:
-            return _failed(started, "invalid", describe(exc))  # refused before sending
-        except httpx.TransportError as exc:
-            kind: ErrorKind = "tls" if _is_tls(exc) else "connect"
-            return _failed(started, kind, describe(exc))
+        except (httpx.TransportError, aiohttp.ClientError) as exc:
+            return _failed(started, *classify(exc))
 
     async def _post(self, request: httpx.Request, started: float) -> AttemptResult:
         # Straight to the transport: httpx.AsyncClient's layers (redirects, cookies, auth,
@@ -116,17 +110,11 @@ class WebhookClient:
 
 
 def transport_for(settings: WebhookSettings,
-                  resolver: Resolver | None = None) -> httpx.AsyncBaseTransport:
-    """The transport ``webhooks.transport`` names, guarded by ``allowed_networks`` and
-    ``allowed_ports``."""
-    guard = Guard(settings.allowed_networks, settings.allowed_ports)
-    limit, connect_s = settings.max_connections, settings.connect_timeout_s
-    if settings.transport == "notifyq":
-        return GuardedTransport(guard, resolver, max_connections=limit,
-                                connect_timeout_s=connect_s)
-    from notifyq._webhooks.stock import StockTransport  # httpcore: imported when chosen
-
-    return StockTransport(guard, resolver, max_connections=limit, connect_timeout_s=connect_s)
+                  resolver: Resolver | None = None) -> GuardedTransport:
+    """The delivery transport, guarded by ``allowed_networks`` and ``allowed_ports``."""
+    return GuardedTransport(Guard(settings.allowed_networks, settings.allowed_ports), resolver,
+                            max_connections=settings.max_connections,
+                            connect_timeout_s=settings.connect_timeout_s)
 
 
 _parsed = functools.lru_cache(maxsize=1024)(httpx.URL)
@@ -193,10 +181,23 @@ def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+def classify(exc: httpx.TransportError | aiohttp.ClientError) -> tuple[ErrorKind, str]:
+    """A failed request's error kind and message."""
+    if isinstance(exc, aiohttp.ClientError):  # raised while reading the body
+        exc = as_httpx(exc)
+    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.LocalProtocolError)):
+        return "invalid", describe(exc)  # refused before sending
+    if _is_tls(exc):
+        return "tls", describe(exc)
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout", describe(exc)
+    return "connect", describe(exc)
+
+
 def _is_tls(exc: BaseException) -> bool:
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, ssl.SSLError) or "SSL" in type(seen).__name__ or (
+        if isinstance(seen, (ssl.SSLError, aiohttp.ClientSSLError)) or (
                 "CERTIFICATE" in str(seen).upper()):
             return True
         seen = seen.__cause__ or seen.__context__

@@ -9,8 +9,8 @@ are explicit (IANA special purpose registries) rather than ``ipaddress.is_global
 has let through ranges such as CGNAT, NAT64 or the translated form in some Python versions;
 ``is_global`` is checked as well. ``allowed_ports`` (when set) limits the destination port.
 
-At delivery the guard sits under the HTTP client (in both transports,
-:mod:`notifyq._webhooks.transport`): the hostname is resolved once, every resolved address must
+At delivery the guard is the HTTP client's resolver (:mod:`notifyq._webhooks.transport`):
+the hostname is resolved once, every resolved address must
 pass (one bad answer refuses them all), and the connection goes to a checked address, tried in
 the resolver's order until one connects; a DNS answer that changes between check and connect
 (rebinding) is never used. TLS still verifies the URL's hostname (SNI and certificate), not the
@@ -157,28 +157,36 @@ class Guard:
     async def addresses(self, host: str, port: int, resolver: Resolver) -> list[IPAddress]:
         """The addresses to try, in the resolver's order: every address ``host`` resolves to
         must pass (one bad answer refuses them all), and so must ``port``."""
-        refused = self.check_port(port)
-        if refused is not None:
-            raise BlockedAddress(f"refusing to connect to {host}: {refused}")
-        literal = literal_address(host)
+        literal = self.literal(host, port)
         if literal is not None:
-            addresses: list[IPAddress] = [literal]
+            return [literal]
+        if is_localhost_name(host):
+            names = ["127.0.0.1", "::1"]
         else:
-            if is_localhost_name(host):
-                names = ["127.0.0.1", "::1"]
-            else:
-                try:
-                    names = await resolver(host, port)
-                except OSError as exc:  # an injected resolver's gaierror: still a DNS failure
-                    raise ResolutionFailed(f"{host} did not resolve: {exc}") from None
-            addresses = [ipaddress.ip_address(a.split("%", 1)[0]) for a in names]
+            try:
+                names = await resolver(host, port)
+            except OSError as exc:  # an injected resolver's gaierror: still a DNS failure
+                raise ResolutionFailed(f"{host} did not resolve: {exc}") from None
+        addresses = [ipaddress.ip_address(a.split("%", 1)[0]) for a in names]
         if not addresses:
             raise ResolutionFailed(f"{host} resolved to no address")
         for address in addresses:
-            reason = self.judge(address)
-            if reason is not None:
-                raise BlockedAddress(f"refusing to connect to {host}: {reason}")
+            self._refuse(host, self.judge(address))
         return list(dict.fromkeys(addresses))
+
+    def literal(self, host: str, port: int) -> IPAddress | None:
+        """The address ``host`` names literally, checked with ``port`` (raises
+        BlockedAddress); None for a name that needs resolving (its port is checked too)."""
+        self._refuse(host, self.check_port(port))
+        literal = literal_address(host)
+        if literal is not None:
+            self._refuse(host, self.judge(literal))
+        return literal
+
+    @staticmethod
+    def _refuse(host: str, reason: str | None) -> None:
+        if reason is not None:
+            raise BlockedAddress(f"refusing to connect to {host}: {reason}")
 
 
 async def system_resolver(host: str, port: int) -> list[str]:

@@ -1,417 +1,272 @@
-"""The httpx transport under webhook delivery: HTTP/1.1 on asyncio streams, behind the guard.
+"""The HTTP engine under webhook delivery: aiohttp's client, behind httpx's interface.
 
-Why not httpx's own transport: on this 2-core VM httpcore spent about 560 µs of CPU per
-keep-alive POST to a loopback receiver (connection-pool bookkeeping, h11's event machinery,
-anyio stream wrappers, a readability poll of every idle connection), which capped a worker
-process near 1,100 requests/s before any database work. A webhook POST is the narrowest case of
-HTTP/1.1 — one request with a known body, one response read once — and this transport does only
-that, in about 60 µs: the whole request in one write into a plain :class:`asyncio.Protocol`, the
-response framed from its buffer by :mod:`notifyq._webhooks.http11` (RFC 9112, as strict as h11).
-The stock transport stays one setting away (``webhooks.transport: httpx``,
-:mod:`notifyq._webhooks.stock`), behind the same guard.
+A delivery builds an ``httpx.Request`` and reads an ``httpx.Response``; the bytes go through
+aiohttp (its connection pool and the llhttp parser), adapted by httpx-aiohttp's
+``AiohttpTransport``. We write no HTTP here, only what a webhook sender needs on top of a
+general-purpose client:
 
-What it keeps from the contract:
+- **The SSRF guard is aiohttp's resolver** (:class:`GuardedResolver`): every hostname resolves
+  through :meth:`~notifyq._webhooks.ssrf.Guard.addresses` (every answer and the port must
+  pass), and the connection goes to those checked addresses, tried one after the other in the
+  resolver's order (no racing: an unreachable IPv6 answer falls over to IPv4). A host written
+  as an IP address, which aiohttp connects to without a resolver, is judged by the transport
+  before the request. TLS verifies the URL's hostname (SNI and certificate), not the address.
+- **No environment, cookies, redirects or decompression**: no proxy can route around the
+  guard, a 3xx is an answer (a failure, for the schedule), bodies are read as sent.
+- **A connection that received bytes while idle is closed, never reused** (:class:`_Connector`):
+  aiohttp would read them as the answer to the next request on it (a receiver could answer a
+  webhook it never got).
+- **At most** ``MAX_INFORMATIONAL`` **1xx answers before the final one** (:class:`_Response`):
+  a receiver streaming ``100 Continue`` would otherwise keep the client parsing until the
+  attempt's deadline (~0.6 of a core per such delivery, measured on the old transport).
+- **At most** ``max_connections`` **open across destinations**: an idle connection of another
+  destination is closed to make room (aiohttp's own limit counts only the busy ones).
+- **A POST lost on a reused connection is sent once more** on another connection when nothing
+  of an answer came back (the receiver closed the idle connection as we wrote): receivers
+  deduplicate on ``webhook-id``, and Standard Webhooks expects redelivery anyway.
 
-- **SSRF guard**: every new connection resolves the host through the guard
-  (:meth:`~notifyq._webhooks.ssrf.Guard.addresses`) and connects to a checked address, tried in
-  order until one connects; TLS verifies the URL's hostname (SNI and certificate), not the
-  address.
-- **Pooling per destination** (scheme, host, port): idle connections are reused newest first and
-  dropped after ``KEEPALIVE_S``, when the peer has closed them or sent bytes nobody asked for
-  (a response to no request must never answer the next one); at most ``max_connections``
-  are open across destinations (an idle one of another destination is closed to make room).
-- A request on a reused connection that fails before any byte of the response arrived (the
-  receiver closed the idle connection as we wrote) is sent once more on a new connection;
-  receivers deduplicate on ``webhook-id``, and Standard Webhooks expects redelivery anyway.
-- No environment, proxies, cookies or redirects exist at this level; the client above
-  (:class:`~notifyq._webhooks.client.WebhookClient`) enforces the overall deadline and the
-  response cap, and closing a response before its end closes the connection.
+Why aiohttp: a POST to a loopback receiver costs ~100-180 us of client CPU through aiohttp,
+~150-250 us through it behind httpx's interface, against ~560-1,350 us through httpx's own
+transport (httpcore and h11; bench/webhook_transports.py, docs/webhooks.md).
 
-Errors are httpx's: ``ConnectTimeout``, ``ConnectError`` (TLS failures chain the
-``ssl.SSLError``), ``ReadError``/``WriteError`` and ``RemoteProtocolError``; the guard's
-``BlockedAddress`` and ``ResolutionFailed`` pass through unchanged.
+Errors are httpx's (``ConnectError``, ``ConnectTimeout``, ``ReadError``, ``RemoteProtocolError``,
+``TimeoutException``), each chaining aiohttp's; the guard's ``BlockedAddress`` and
+``ResolutionFailed`` pass through unchanged.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextvars
+import socket
 import ssl
-import time
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import Any
 
+import aiohttp
 import httpx
+from aiohttp.abc import AbstractResolver, ResolveResult
+from httpx_aiohttp import AiohttpTransport
 
 from notifyq._errors import BlockedAddress
-from notifyq._webhooks.http11 import BodyReader, Framing, Head, framing, read_head
-from notifyq._webhooks.ssrf import Guard, IPAddress, Resolver, system_resolver
+from notifyq._webhooks.ssrf import Guard, Resolver, literal_address, system_resolver
 
-Origin = tuple[str, str, int]
-Opener = Callable[..., Awaitable["Stream"]]
-"""``(host, port, *, tls, server_hostname) -> stream``; tests inject a recording one."""
-
-KEEPALIVE_S = 30.0
-HEAD_LIMIT = 65_536
-"""Largest response head (status line and headers), chunk-size line or trailer accepted."""
-READ_HIGH = 262_144
-"""Unread bytes at which the socket stops being read until the body is consumed."""
-
-
-class Stream(asyncio.Protocol):
-    """One connection's bytes: what arrived waits in ``buffer`` (ours, so the pool can see
-    whether an idle connection received anything), ``receive()`` waits for more."""
-
-    def __init__(self) -> None:
-        self.buffer = bytearray()
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self.error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._writable: asyncio.Future[None] | None = None
-        self._paused = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)  # noqa: S101 - a stream socket
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        if len(self.buffer) > READ_HIGH and not self._paused and self.transport:
-            self._paused = True
-            self.transport.pause_reading()
-        self._wake()
-
-    def eof_received(self) -> bool:
-        self.closed = True
-        self._wake()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.error = exc
-        self._wake()
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-
-    def pause_writing(self) -> None:
-        self._writable = asyncio.get_running_loop().create_future()
-
-    def resume_writing(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-        self._writable = None
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def send(self, data: bytes) -> None:
-        if self.closed or self.transport is None:
-            raise self.error or ConnectionResetError("the connection is closed")
-        self.transport.write(data)
-        if self._writable is not None:
-            await self._writable
-            if self.error is not None:
-                raise self.error
-
-    async def receive(self) -> bool:
-        """Wait until more bytes are in ``buffer``: False when the peer closed instead; the
-        OSError that broke the connection, if one did."""
-        if self._paused and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
-        before = len(self.buffer)
-        while len(self.buffer) == before:
-            if self.closed:
-                if self.error is not None:
-                    raise self.error
-                return False
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        return True
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+KEEPALIVE_S = 15.0
+"""How long an idle connection is kept for its destination."""
+MAX_INFORMATIONAL = 10
+"""1xx answers accepted before the final one; more is a protocol error."""
+_LOST = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+"""What a request on a connection the receiver had just closed fails with."""
+_reused: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
+    "notifyq_webhook_reused", default=None)
+"""Marked by the pool when a request takes an idle connection (see GuardedTransport)."""
 
 
-async def open_stream(host: str, port: int, *, tls: ssl.SSLContext | None,
-                      server_hostname: str | None) -> Stream:
-    _, stream = await asyncio.get_running_loop().create_connection(
-        Stream, host, port, ssl=tls, server_hostname=server_hostname)
-    return stream
+class GuardedResolver(AbstractResolver):
+    """aiohttp's resolver: the guard's checked addresses, in the resolver's order."""
+
+    def __init__(self, guard: Guard, resolver: Resolver) -> None:
+        self.guard = guard
+        self.resolver = resolver
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        addresses = await self.guard.addresses(host, port, self.resolver)
+        return [{"hostname": host, "host": str(address), "port": port,
+                 "family": socket.AF_INET6 if address.version == 6 else socket.AF_INET,
+                 "proto": 0, "flags": socket.AI_NUMERICHOST | socket.AI_NUMERICSERV}
+                for address in addresses]
+
+    async def close(self) -> None:
+        return None
 
 
-@dataclass(eq=False, slots=True)
-class _Connection:
-    origin: Origin
-    stream: Stream
-    idle_since: float = 0.0
-    used: bool = False
+class _Connector(aiohttp.TCPConnector):
+    """aiohttp's pool, but an idle connection that received anything is not reused, and at
+    most ``limit`` connections are open across destinations, idle ones included."""
 
-    def alive(self, now: float) -> bool:
-        """Reusable: not expired, not closed by the peer, nothing unasked-for received (the
-        loop has already read whatever arrived while idle: no syscall needed to know)."""
-        stream = self.stream
-        return (now - self.idle_since < KEEPALIVE_S and not stream.closed
-                and not stream.buffer and stream.transport is not None
-                and not stream.transport.is_closing())
+    async def _get(self, *args: Any, **kwargs: Any) -> Any:
+        while True:
+            conn = await super()._get(*args, **kwargs)
+            if conn is None:
+                return None
+            # `should_close` is true once bytes arrived that no request asked for (parsed
+            # into a queued message, or kept as an unparsed tail).
+            if conn.protocol is not None and not conn.protocol.should_close:
+                box = _reused.get()
+                if box is not None:
+                    box.append(True)
+                return conn
+            conn.close()
 
-    def close(self) -> None:
-        self.stream.close()
+    async def _create_connection(self, *args: Any, **kwargs: Any) -> Any:
+        self._make_room()
+        return await super()._create_connection(*args, **kwargs)
 
-
-@dataclass(eq=False, slots=True)
-class _Limiter:
-    """Open connections across destinations, with a FIFO of waiters for a free slot."""
-
-    capacity: int
-    open: int = 0
-    waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
-
-    def wake_one(self) -> None:
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+    def _make_room(self) -> None:
+        """Before a new connection: close the longest idle ones (of any destination) while
+        ``limit`` are open. aiohttp counts only busy connections against its limit, so idle
+        ones would pile up across many endpoints (one file descriptor each)."""
+        idle = self._conns
+        while self.limit and len(self._acquired) + sum(map(len, idle.values())) >= self.limit:
+            oldest = min((key for key, conns in idle.items() if conns),
+                         key=lambda key: idle[key][0][1], default=None)
+            if oldest is None:
                 return
+            protocol, _ = idle[oldest].popleft()
+            if not idle[oldest]:
+                del idle[oldest]
+            protocol.close()
 
 
-class GuardedTransport(httpx.AsyncBaseTransport):
-    """HTTP/1.1 POSTs (any method works) to destinations the guard lets through."""
+class InformationalFlood(aiohttp.ClientResponseError):
+    """More than ``MAX_INFORMATIONAL`` 1xx answers before the final one."""
+
+
+class _Response(aiohttp.ClientResponse):
+    """A response whose final answer must come within ``MAX_INFORMATIONAL`` 1xx answers."""
+
+    async def start(self, connection: aiohttp.connector.Connection) -> aiohttp.ClientResponse:
+        protocol: Any = connection.protocol
+        read = protocol.read
+        seen = 0
+
+        async def capped() -> Any:
+            nonlocal seen
+            message, payload = await read()
+            if 100 <= message.code < 200 and message.code != 101:
+                seen += 1
+                if seen > MAX_INFORMATIONAL:
+                    protocol.force_close()
+                    raise InformationalFlood(self.request_info, (), status=message.code,
+                                             message=f"more than {MAX_INFORMATIONAL} "
+                                                     "informational (1xx) answers")
+            return message, payload
+
+        protocol.read = capped  # this response's reads only: put back below
+        try:
+            return await super().start(connection)
+        finally:
+            del protocol.read
+
+
+class GuardedTransport(AiohttpTransport):
+    """httpx's transport interface over one aiohttp session, behind ``guard``."""
 
     def __init__(self, guard: Guard, resolver: Resolver | None = None, *,
                  max_connections: int = 100, connect_timeout_s: float = 5.0,
-                 ssl_context: ssl.SSLContext | None = None, opener: Opener | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 keepalive_s: float = KEEPALIVE_S,
+                 socket_factory: Callable[[Any], socket.socket] | None = None) -> None:
         self.guard = guard
         self.resolver = resolver or system_resolver
         self.connect_timeout_s = connect_timeout_s
-        self._ssl = ssl_context
-        self._open: Opener = opener or open_stream
-        self._idle: dict[Origin, list[_Connection]] = {}
-        self._limit = _Limiter(max_connections)
-        self._closed = False
+        self._max_connections = max_connections
+        self._keepalive_s = keepalive_s
+        self._tls = ssl_context
+        self._literals: dict[tuple[str, int], str | None] = {}
+        self._socket_factory = socket_factory
+        """Makes each connection's socket (tests: record the address, refuse all but
+        loopback)."""
+        # The session is made on first use, inside the running event loop (aiohttp's rule).
+        session: Callable[[], aiohttp.ClientSession] = self._session
+        super().__init__(client=session)
+
+    def _session(self) -> aiohttp.ClientSession:
+        connector = _Connector(
+            resolver=GuardedResolver(self.guard, self.resolver), use_dns_cache=False,
+            limit=self._max_connections, limit_per_host=0, keepalive_timeout=self._keepalive_s,
+            happy_eyeballs_delay=None, ssl=self._ssl_context(),
+            socket_factory=self._socket_factory)
+        return aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False,
+            auto_decompress=False, response_class=_Response,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s))
 
     def _ssl_context(self) -> ssl.SSLContext:
-        if self._ssl is None:
-            # Built on first use: loading the system's CA bundle costs milliseconds.
-            self._ssl = ssl.create_default_context()
-        return self._ssl
+        if self._tls is None:
+            self._tls = ssl.create_default_context()  # honours SSL_CERT_FILE / SSL_CERT_DIR
+        return self._tls
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         if url.scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"webhooks are sent over http(s), not {url.scheme}")
-        origin: Origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https"
-                                                               else 80))
-        payload = _serialize(request, await request.aread())
-        conn = await self._acquire(origin)
-        reused = conn.used
+        self._check_literal(url.host, url.port or (443 if url.scheme == "https" else 80))
+        request.extensions = {**request.extensions,
+                              "timeout": {"connect": self.connect_timeout_s}}
+        box: list[bool] = []
+        token = _reused.set(box)
         try:
-            head = await self._exchange(conn, payload)
-        except _NothingReceived as exc:
-            self.drop(conn)
-            if not reused:
-                raise exc.error from exc.__cause__
-            conn = await self._acquire(origin, fresh=True)
-            try:
-                head = await self._exchange(conn, payload)
-            except _NothingReceived as again:
-                self.drop(conn)
-                raise again.error from again.__cause__
-            except BaseException:
-                self.drop(conn)
+            return await self._send(request)
+        except httpx.TransportError as exc:
+            if not (box and isinstance(exc.__cause__, _LOST)):
                 raise
-        except BaseException:
-            self.drop(conn)
-            raise
-        conn.used = True
-        stream = _Body(self, conn, framing(head, request.method.encode()))
-        return httpx.Response(head.status, headers=head.headers, stream=stream,
-                              extensions={"http_version": head.version}, request=request)
+        finally:
+            _reused.reset(token)
+        # The receiver closed the idle connection as we wrote: once more, on another one.
+        return await self._send(request)
 
-    async def _exchange(self, conn: _Connection, payload: bytes) -> Head:
-        stream = conn.stream
+    async def _send(self, request: httpx.Request) -> httpx.Response:
         try:
-            await stream.send(payload)
-        except OSError as exc:
-            raise _NothingReceived(httpx.WriteError(describe(exc))) from exc
-        answered = False
-        while True:
-            head = read_head(stream.buffer, HEAD_LIMIT)
-            if head is None:
-                try:
-                    more = await stream.receive()
-                except OSError as exc:
-                    if answered or stream.buffer:
-                        raise httpx.ReadError(describe(exc)) from exc
-                    raise _NothingReceived(httpx.ReadError(describe(exc))) from exc
-                if not more:
-                    error = httpx.RemoteProtocolError("the server closed the connection without "
-                                                      "sending a complete response")
-                    if answered or stream.buffer:
-                        raise error
-                    raise _NothingReceived(error)
-                continue
-            if head.status >= 200:
-                return head
-            # 1xx (100 Continue, 103 Early Hints): informational, the real answer follows.
-            answered = True
-
-    async def _acquire(self, origin: Origin, *, fresh: bool = False) -> _Connection:
-        if self._closed:
-            raise httpx.ConnectError("the webhook client is closed")
-        limit = self._limit
-        while True:
-            idle = self._idle.get(origin)
-            now = time.monotonic()
-            while idle and not fresh:
-                conn = idle.pop()
-                if conn.alive(now):
-                    return conn
-                self.drop(conn)
-            if limit.open < limit.capacity:
-                limit.open += 1
-                try:
-                    return await self._connect(origin)
-                except BaseException:
-                    limit.open -= 1
-                    limit.wake_one()
-                    raise
-            if self._evict_one():
-                continue
-            waiter = asyncio.get_running_loop().create_future()
-            limit.waiters.append(waiter)
-            try:
-                await waiter
-            except BaseException:
-                if waiter.done() and not waiter.cancelled():
-                    limit.wake_one()  # woken but leaving: pass the slot on
-                raise
-
-    def _evict_one(self) -> bool:
-        for conns in self._idle.values():
-            if conns:
-                self.drop(conns.pop(0))  # the longest idle
-                return True
-        return False
-
-    async def _connect(self, origin: Origin) -> _Connection:
-        """A connection to the first checked address that takes one, in the resolver's order
-        (an unreachable IPv6 answer falls over to IPv4). A TLS failure is not a reason to try
-        another address: the certificate is the host's, whichever address serves it."""
-        scheme, host, port = origin
-        addresses = await self.guard.addresses(host, port, self.resolver)
-        failure: httpx.TransportError | None = None
-        for address in addresses:
-            try:
-                return _Connection(origin, await self._connect_to(address, scheme, host, port))
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                if _tls_failure(exc):
-                    raise
-                failure = exc
-        assert failure is not None  # noqa: S101 - addresses() never returns none
-        raise failure
-
-    async def _connect_to(self, address: IPAddress, scheme: str, host: str,
-                          port: int) -> Stream:
-        tls = scheme == "https"
-        try:
-            async with asyncio.timeout(self.connect_timeout_s):
-                return await self._open(str(address), port,
-                                        tls=self._ssl_context() if tls else None,
-                                        server_hostname=host if tls else None)
-        except TimeoutError:
-            raise httpx.ConnectTimeout(f"no connection to {host}:{port} ({address}) within "
-                                       f"{self.connect_timeout_s:g} s") from None
-        except BlockedAddress:
+            return await super().handle_async_request(request)
+        except httpx.TransportError as exc:
+            if isinstance(exc.__cause__, aiohttp.ClientError):
+                raise as_httpx(exc.__cause__) from exc.__cause__
             raise
-        except (OSError, ssl.SSLError) as exc:
-            raise httpx.ConnectError(describe(exc)) from exc
+        except aiohttp.ClientError as exc:  # what httpx-aiohttp passes through as it is
+            raise as_httpx(exc) from exc
+        except ValueError as exc:  # aiohttp's check of header values, before sending
+            raise httpx.LocalProtocolError(describe(exc)) from exc
 
-    def release(self, conn: _Connection) -> None:
-        conn.idle_since = time.monotonic()
-        if self._closed or not conn.alive(conn.idle_since):
-            self.drop(conn)  # e.g. bytes after the response: an answer to no request
-            return
-        self._idle.setdefault(conn.origin, []).append(conn)
-        self._limit.wake_one()
-
-    def drop(self, conn: _Connection) -> None:
-        conn.close()
-        self._limit.open -= 1
-        self._limit.wake_one()
-
-    async def aclose(self) -> None:
-        self._closed = True
-        for conns in self._idle.values():
-            for conn in conns:
-                self.drop(conn)
-        self._idle.clear()
-
-
-class _NothingReceived(Exception):
-    """The request failed before any byte of the response: safe to try on a new connection."""
-
-    def __init__(self, error: httpx.TransportError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _tls_failure(exc: BaseException) -> bool:
-    return isinstance(exc.__cause__, ssl.SSLError)
-
-
-def _serialize(request: httpx.Request, body: bytes) -> bytes:
-    lines = [b"%s %s HTTP/1.1" % (request.method.encode(), request.url.raw_path)]
-    for name, value in request.headers.raw:
-        if (b"\r" in value or b"\n" in value or b"\x00" in value
-                or b"\r" in name or b"\n" in name or b"\x00" in name):
-            raise httpx.LocalProtocolError(f"header {name!r} contains a line break or NUL")
-        lines.append(name + b": " + value)
-    lines.append(b"\r\n")
-    return b"\r\n".join(lines) + body
-
-
-class _Body(httpx.AsyncByteStream):
-    """The response body as the framing says; read to its end, the connection goes back to
-    the pool, closed early (or broken), the connection is closed."""
-
-    def __init__(self, transport: GuardedTransport, conn: _Connection, framing: Framing) -> None:
-        self._transport = transport
-        self._conn: _Connection | None = conn
-        self._reader = BodyReader(framing, HEAD_LIMIT)
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        assert self._conn is not None  # noqa: S101 - read once
-        stream = self._conn.stream
-        reader = self._reader
-        while not reader.done:
-            piece = reader.next(stream.buffer)
-            if piece:
-                yield piece
-            elif piece is None:
+    def _check_literal(self, host: str, port: int) -> None:
+        """A host written as an IP address is connected to without a resolver: judged here
+        (with the port), once per host and port."""
+        key = (host, port)
+        if key not in self._literals:
+            refused = None
+            if literal_address(host) is not None:
                 try:
-                    more = await stream.receive()
-                except OSError as exc:
-                    raise httpx.ReadError(describe(exc)) from exc
-                if not more:
-                    reader.eof()
+                    self.guard.literal(host, port)
+                except BlockedAddress as exc:
+                    refused = str(exc)
+            self._literals[key] = refused
+        refused = self._literals[key]
+        if refused is not None:
+            raise BlockedAddress(refused)
 
-    async def aclose(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        if self._reader.done and self._reader.framing.keep_alive:
-            self._transport.release(conn)
-        else:
-            self._transport.drop(conn)
+
+def as_httpx(exc: aiohttp.ClientError) -> httpx.TransportError:
+    """aiohttp's error as the httpx error that says the same (httpx-aiohttp's own mapping
+    reports a receiver that hung up as a connect timeout, and leaves protocol errors out)."""
+    text = describe(exc)
+    match exc:
+        case aiohttp.ClientSSLError() | aiohttp.ClientConnectorDNSError():
+            return httpx.ConnectError(text)
+        case aiohttp.ConnectionTimeoutError():
+            return httpx.ConnectTimeout(text)
+        case aiohttp.SocketTimeoutError():
+            return httpx.ReadTimeout(text)
+        case aiohttp.ServerTimeoutError():
+            return httpx.TimeoutException(text)
+        case aiohttp.ClientConnectorError():
+            return httpx.ConnectError(text)
+        case aiohttp.ServerDisconnectedError():
+            return httpx.RemoteProtocolError(
+                "the server closed the connection without sending a complete response")
+        case aiohttp.ClientResponseError() | aiohttp.ClientPayloadError():
+            return httpx.RemoteProtocolError(text)
+        case aiohttp.InvalidURL():
+            return httpx.LocalProtocolError(text)
+        case aiohttp.ClientOSError():
+            return httpx.ReadError(text)
+    return httpx.TransportError(text)
 
 
 def describe(exc: BaseException) -> str:
-    """An exception as one line: its type, and its message when it has one."""
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    """An exception as one line: its type, and its message when it has one (never the URL,
+    which may carry a token)."""
+    if isinstance(exc, aiohttp.InvalidURL):
+        return "InvalidURL"
+    text = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
+    text = " ".join(str(text).split())  # llhttp's messages span lines (a caret under the byte)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

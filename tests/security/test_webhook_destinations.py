@@ -1,10 +1,10 @@
-"""The SSRF guard at connect time, under both transports (``webhooks.transport``), on real
-sockets: IPv4 addresses inside IPv6 forms are judged as themselves (allowlist included), every
-resolved address is checked and they are tried in order, and ``webhooks.allowed_ports``.
+"""The SSRF guard at connect time, on real sockets: IPv4 addresses inside IPv6 forms are
+judged as themselves (allowlist included), every resolved address is checked and they are tried
+in order, and ``webhooks.allowed_ports``.
 
 An injected resolver returns the address under test; the only listeners are on 127.0.0.1 and
-::1, and the connectors below refuse (and record) any other address, so nothing leaves this
-machine even when a guard would let it through."""
+::1, and the transport's socket factory below refuses (and records) any other address, so
+nothing leaves this machine even when a guard would let it through."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ import asyncio
 import ipaddress
 import socket
 import ssl
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
-import httpcore
 import httpx
 import pytest
 
@@ -24,8 +23,7 @@ from notifyq._errors import BlockedAddress
 from notifyq._settings import WebhookSettings
 from notifyq._webhooks.client import WebhookClient
 from notifyq._webhooks.ssrf import Guard, Resolver
-from notifyq._webhooks.stock import SocketOption, StockTransport
-from notifyq._webhooks.transport import GuardedTransport, Stream, open_stream
+from notifyq._webhooks.transport import GuardedTransport
 from tests.webhooks.test_error_kinds import _self_signed
 from tests.webhooks.test_transport import OK, Server, answering, serving
 
@@ -34,52 +32,25 @@ LOOPBACK = ["127.0.0.0/8", "::1/128"]
 
 
 class Connects:
-    """Every address a transport asked to connect to, in order; only loopback ones are
-    really connected."""
+    """Every address the transport made a socket for, in order; only loopback ones get one."""
 
     def __init__(self) -> None:
         self.addresses: list[str] = []
 
-    def allow(self, host: str) -> None:
+    def socket(self, addr_info: Any) -> socket.socket:
+        family, kind, proto, _, sockaddr = addr_info
+        host = sockaddr[0]
         self.addresses.append(host)
         address = ipaddress.ip_address(host)
         mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
         if not (mapped or address).is_loopback:
             raise ConnectionRefusedError(f"{host} is not loopback: not connected (test)")
-
-    async def open(self, host: str, port: int, *, tls: ssl.SSLContext | None,
-                   server_hostname: str | None) -> Stream:
-        self.allow(host)
-        return await open_stream(host, port, tls=tls, server_hostname=server_hostname)
+        return socket.socket(family, kind, proto)
 
 
-class LoopbackBackend(httpcore.AnyIOBackend):
-    def __init__(self, connects: Connects) -> None:
-        self.connects = connects
-
-    async def connect_tcp(self, host: str, port: int,
-                          timeout: float | None = None,  # noqa: ASYNC109 - httpcore's API
-                          local_address: str | None = None,
-                          socket_options: Iterable[SocketOption] | None = None,
-                          ) -> httpcore.AsyncNetworkStream:
-        try:
-            self.connects.allow(host)
-        except ConnectionRefusedError as exc:
-            raise httpcore.ConnectError(str(exc)) from exc
-        return await super().connect_tcp(host, port, timeout, local_address, socket_options)
-
-
-@pytest.fixture(params=["notifyq", "httpx"])
-def kind(request: pytest.FixtureRequest) -> Literal["notifyq", "httpx"]:
-    """The ``webhooks.transport`` under test."""
-    return "notifyq" if request.param == "notifyq" else "httpx"
-
-
-def transport(kind: str, guard: Guard, resolver: Resolver,
-              connects: Connects) -> httpx.AsyncBaseTransport:
-    if kind == "notifyq":
-        return GuardedTransport(guard, resolver, opener=connects.open)
-    return StockTransport(guard, resolver, backend=LoopbackBackend(connects))
+def transport(guard: Guard, resolver: Resolver, connects: Connects,
+              **options: Any) -> GuardedTransport:
+    return GuardedTransport(guard, resolver, socket_factory=connects.socket, **options)
 
 
 def answers(*addresses: str) -> Resolver:
@@ -105,20 +76,20 @@ async def post(http: httpx.AsyncBaseTransport, port: int,
     (["2002::/16"], "2002:a9fe:a9fe::1"),           # 6to4 prefix allowed, metadata inside
 ])
 async def test_an_ipv4_address_inside_an_ipv6_form_is_judged_as_itself_allowlist_included(
-        kind: str, allowed: list[str], address: str) -> None:
+        allowed: list[str], address: str) -> None:
     connects = Connects()
     async with serving(answering(OK)) as server:
-        http = transport(kind, Guard(allowed), answers(address), connects)
+        http = transport(Guard(allowed), answers(address), connects)
         with pytest.raises(BlockedAddress, match=r"hooks\.example: .*\(IPv4 "):
             await post(http, server.port)
         await http.aclose()
     assert (connects.addresses, server.connections) == ([], 0)
 
 
-async def test_an_allowed_embedded_address_is_reached_through_its_ipv4_range(kind: str) -> None:
+async def test_an_allowed_embedded_address_is_reached_through_its_ipv4_range() -> None:
     connects = Connects()
     async with serving(answering(OK)) as server:
-        http = transport(kind, Guard(["127.0.0.0/8"]), answers("::ffff:127.0.0.1"), connects)
+        http = transport(Guard(["127.0.0.0/8"]), answers("::ffff:127.0.0.1"), connects)
         assert (await post(http, server.port)).status_code == 200
         await http.aclose()
     assert server.connections == 1
@@ -137,7 +108,7 @@ def dead_ipv6_port() -> Iterator[socket.socket]:
 
 
 async def test_resolved_addresses_are_tried_in_order_until_one_connects(
-        kind: str, dead_ipv6_port: socket.socket) -> None:
+        dead_ipv6_port: socket.socket) -> None:
     port = dead_ipv6_port.getsockname()[1]
     server = Server()
     server.port = port
@@ -150,7 +121,7 @@ async def test_resolved_addresses_are_tried_in_order_until_one_connects(
     listener = await asyncio.start_server(serve, "127.0.0.1", port)
     connects = Connects()
     try:
-        http = transport(kind, Guard(LOOPBACK), answers("::1", "127.0.0.1"), connects)
+        http = transport(Guard(LOOPBACK), answers("::1", "127.0.0.1"), connects)
         response = await post(http, port)
         await http.aclose()
     finally:
@@ -161,10 +132,10 @@ async def test_resolved_addresses_are_tried_in_order_until_one_connects(
 
 
 async def test_one_blocked_answer_refuses_the_name_before_any_address_is_tried(
-        kind: str) -> None:
+        ) -> None:
     connects = Connects()
     async with serving(answering(OK)) as server:
-        http = transport(kind, Guard(["127.0.0.0/8"]), answers("127.0.0.1", "10.0.0.7"),
+        http = transport(Guard(["127.0.0.0/8"]), answers("127.0.0.1", "10.0.0.7"),
                          connects)
         with pytest.raises(BlockedAddress, match=r"10\.0\.0\.7 is private"):
             await post(http, server.port)
@@ -172,33 +143,29 @@ async def test_one_blocked_answer_refuses_the_name_before_any_address_is_tried(
     assert (connects.addresses, server.connections) == ([], 0)
 
 
-async def test_a_port_outside_allowed_ports_is_refused_before_connecting(kind: str) -> None:
+async def test_a_port_outside_allowed_ports_is_refused_before_connecting() -> None:
     connects = Connects()
     async with serving(answering(OK)) as server:
-        refused = transport(kind, Guard(LOOPBACK, [443, 8443]), answers("127.0.0.1"), connects)
+        refused = transport(Guard(LOOPBACK, [443, 8443]), answers("127.0.0.1"), connects)
         with pytest.raises(BlockedAddress, match=rf"port {server.port} is not in "
                                                  r"webhooks.allowed_ports \(443, 8443\)"):
             await post(refused, server.port)
         await refused.aclose()
         assert (connects.addresses, server.connections) == ([], 0)
-        allowed = transport(kind, Guard(LOOPBACK, [server.port]), answers("127.0.0.1"),
+        allowed = transport(Guard(LOOPBACK, [server.port]), answers("127.0.0.1"),
                             connects)
         assert (await post(allowed, server.port)).status_code == 200
         await allowed.aclose()
     assert server.connections == 1
 
 
-async def test_the_webhook_client_uses_the_transport_and_the_ports_its_settings_name(
-        kind: Literal["notifyq", "httpx"]) -> None:
+async def test_the_webhook_client_uses_the_ports_its_settings_name() -> None:
     async with serving(answering(OK)) as server:
         url = f"http://127.0.0.1:{server.port}/in"
-        closed = WebhookClient(WebhookSettings(transport=kind, allowed_networks=LOOPBACK,
-                                               allowed_ports=[443]))
-        open_ = WebhookClient(WebhookSettings(transport=kind, allowed_networks=LOOPBACK,
+        closed = WebhookClient(WebhookSettings(allowed_networks=LOOPBACK, allowed_ports=[443]))
+        open_ = WebhookClient(WebhookSettings(allowed_networks=LOOPBACK,
                                               allowed_ports=[server.port]))
         try:
-            assert isinstance(closed.transport, GuardedTransport if kind == "notifyq"
-                              else StockTransport)
             blocked = await closed.post(url, {}, b"{}")
             sent = await open_.post(url, {}, b"{}")
         finally:
@@ -216,20 +183,14 @@ def test_allowed_ports_are_read_from_the_environment_form(
     from notifyq._settings import load_settings
 
     monkeypatch.setenv("NOTIFYQ_WEBHOOKS__ALLOWED_PORTS", "443, 8443")
-    monkeypatch.setenv("NOTIFYQ_WEBHOOKS__TRANSPORT", "httpx")
-    loaded = load_settings().webhooks
-    assert (loaded.allowed_ports, loaded.transport) == ([443, 8443], "httpx")
+    assert load_settings().webhooks.allowed_ports == [443, 8443]
     monkeypatch.setenv("NOTIFYQ_WEBHOOKS__ALLOWED_PORTS", "443,70000")
     with pytest.raises(ConfigError, match="allowed_ports"):
-        load_settings()
-    monkeypatch.setenv("NOTIFYQ_WEBHOOKS__ALLOWED_PORTS", "443")
-    monkeypatch.setenv("NOTIFYQ_WEBHOOKS__TRANSPORT", "curl")
-    with pytest.raises(ConfigError, match="transport"):
         load_settings()
 
 
 async def test_tls_verifies_the_urls_hostname_not_the_checked_address(
-        kind: str, tmp_path: Path) -> None:
+        tmp_path: Path) -> None:
     """The certificate names localhost and 127.0.0.1: reached as ``localhost`` it is accepted;
     reached as ``hooks.example`` resolving to 127.0.0.1 it is refused, so the name, not the
     address the stream went to, was verified (SNI included), and no other address was tried."""
@@ -248,10 +209,7 @@ async def test_tls_verifies_the_urls_hostname_not_the_checked_address(
     port = listener.sockets[0].getsockname()[1]
     connects = Connects()
     guard, resolver = Guard(LOOPBACK), answers("127.0.0.1", "::1")
-    http: httpx.AsyncBaseTransport = (
-        GuardedTransport(guard, resolver, opener=connects.open, ssl_context=trusted)
-        if kind == "notifyq" else
-        StockTransport(guard, resolver, ssl_context=trusted, backend=LoopbackBackend(connects)))
+    http = transport(guard, resolver, connects, ssl_context=trusted)
     try:
         request = httpx.Request("POST", f"https://localhost:{port}/in", content=b"{}")
         response = await http.handle_async_request(request)

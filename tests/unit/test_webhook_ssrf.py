@@ -5,6 +5,8 @@ DNS; nothing leaves this machine)."""
 from __future__ import annotations
 
 import ipaddress
+import socket
+from typing import Any
 
 import anyio
 import httpx
@@ -14,7 +16,7 @@ from notifyq._errors import BlockedAddress, InvalidEndpoint
 from notifyq._settings import WebhookSettings
 from notifyq._webhooks.endpoints import check_headers, check_url
 from notifyq._webhooks.ssrf import Guard, Resolver, literal_address
-from notifyq._webhooks.transport import GuardedTransport, Stream
+from notifyq._webhooks.transport import GuardedTransport
 
 BLOCKED = [
     "0.0.0.0",  # noqa: S104 - a table of refused addresses
@@ -136,13 +138,14 @@ def test_custom_header_values_cannot_inject_lines() -> None:
 
 
 class _Recording:
-    """Stands in for the transport's opener: records every connect it is asked for and
-    refuses it (nothing is ever opened)."""
+    """Stands in for the transport's socket factory: records every connect it is asked for
+    and refuses it (no socket is ever made)."""
 
     def __init__(self) -> None:
         self.connects: list[tuple[str, int]] = []
 
-    async def __call__(self, host: str, port: int, **_: object) -> Stream:
+    def __call__(self, addr_info: Any) -> socket.socket:
+        host, port = addr_info[4][:2]
         self.connects.append((host, port))
         raise ConnectionRefusedError("recorded, not connected")
 
@@ -150,7 +153,7 @@ class _Recording:
 def _transport(resolver: Resolver, allowed: list[str] | None = None) -> tuple[
         GuardedTransport, _Recording]:
     recording = _Recording()
-    return GuardedTransport(Guard(allowed or []), resolver, opener=recording), recording
+    return GuardedTransport(Guard(allowed or []), resolver, socket_factory=recording), recording
 
 
 async def _post(transport: GuardedTransport, url: str) -> None:
@@ -170,6 +173,7 @@ def test_a_hostname_resolving_to_any_blocked_address_is_refused_before_connectin
     async def go() -> None:
         with pytest.raises(BlockedAddress, match=r"refusing to connect to hooks\.example"):
             await _post(transport, "https://hooks.example/in")
+        await transport.aclose()
     anyio.run(go)
     assert recording.connects == []
 
@@ -185,6 +189,7 @@ def test_loopback_url_forms_are_refused_at_connect_time_without_asking_dns(host:
     async def go() -> None:
         with pytest.raises(BlockedAddress):
             await _post(transport, f"http://{host}/in")
+        await transport.aclose()
     anyio.run(go)
     assert recording.connects == []
 
@@ -198,10 +203,11 @@ def test_the_connection_goes_to_the_checked_address_not_a_second_resolution() ->
     transport, recording = _transport(rebinding)
 
     async def go() -> None:
-        with pytest.raises(httpx.ConnectError, match="recorded, not connected"):
+        with pytest.raises(httpx.ConnectError, match=r"Cannot connect to host rebind\.example"):
             await _post(transport, "https://rebind.example/in")
         with pytest.raises(BlockedAddress):
             await _post(transport, "https://rebind.example/in")
+        await transport.aclose()
     anyio.run(go)
     assert recording.connects == [("93.184.216.34", 443)]
 
