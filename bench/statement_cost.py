@@ -18,7 +18,13 @@ Statements: ``insert_one`` (``App.enqueue``'s single INSERT), ``claim_1`` (an id
 claim of one run), ``cycle_B`` for B in 1, 10, 20, 100 (``job_run_finish_and_claim`` writing
 back B runs and claiming B), ``bulk_1000`` (``job_run_insert_bulk`` of 1,000 plain runs, per
 run: ``enqueue_many`` below 300 runs), ``copy_1000`` (``enqueue_many``'s COPY of 1,000,
-``job_run_copy_defaults`` included, per run).
+``job_run_copy_defaults`` included, per run), ``keyed_KxN`` (the keyed claim of a webhook
+pool, ``job_run_claim_keyed``, over K concurrency keys with N pending runs each and a limit of 5
+per key, then a bare UPDATE that finishes what it claimed, so every call finds its keys free),
+``load_B`` / ``record_B`` (a webhook delivery's load of B deliveries and the record of their B
+successful attempts, ``webhook_delivery_load_many`` / ``webhook_attempt_record_many``),
+``send_1`` (``webhooks.send`` to one endpoint) and ``send_many_1000`` (``send_many`` of 1,000
+messages to one endpoint, per message).
 
 Needs valgrind and PostgreSQL's server binaries (``pg_config --bindir``, else the newest
 ``/usr/lib/postgresql/*/bin``); as root, the cluster runs as user ``postgres``. Results and what
@@ -58,7 +64,9 @@ from notifyq._enqueue.copy import CHUNK_RUNS, _Rows  # noqa: E402
 from notifyq._enqueue.request import EnqueueRequest  # noqa: E402
 
 STATEMENTS = ("insert_one", "claim_1", "cycle_1", "cycle_10", "cycle_20", "cycle_100",
-              "bulk_1000", "copy_1000")
+              "bulk_1000", "copy_1000", "keyed_1x3000", "keyed_20x1000",
+              "load_1", "load_5", "load_20", "record_1", "record_5", "record_20",
+              "send_1", "send_many_1000")
 PORT = 5499
 CLAIM = {"now": None, "pool": "default", "worker_id": "w", "lease_s": 30.0}
 Q = Queries("notifyq")
@@ -176,6 +184,80 @@ def _cycle(conn: psycopg.Connection[Any], state: dict[str, Any]) -> None:
     state["rows"] = [r for r in got if r[0]]
 
 
+def _keyed_backlog(conn: psycopg.Connection[Any], keys: int, each: int) -> None:
+    conn.execute("TRUNCATE notifyq.job_run CASCADE")
+    conn.execute("INSERT INTO notifyq.job_run (job_type, input, pool, concurrency_key, "
+                 "concurrency_limit) SELECT 'webhook.deliver', jsonb_build_object('i', g), "
+                 "'webhooks', 'webhook:' || (g %% %s), 5 FROM generate_series(1, %s) g",
+                 (keys, keys * each))
+    conn.execute("VACUUM ANALYZE notifyq.job_run")
+
+
+def _keyed(conn: psycopg.Connection[Any], _: Any = None) -> None:
+    ids = [r[0] for r in conn.execute(Q.job_run_claim_keyed, {
+        **CLAIM, "pool": "webhooks", "limit": 100}).fetchall()]
+    conn.execute("UPDATE notifyq.job_run SET status = 'completed', finished_at = now() "
+                 "WHERE id = ANY (%s)", (ids,))
+
+
+def _webhooks(conn: psycopg.Connection[Any], messages: int) -> dict[str, Any]:
+    """An endpoint with a secret and ``messages`` sent to it; their (message, endpoint) pairs."""
+    for table in ("webhook_message", "webhook_endpoint", "job_run"):
+        conn.execute(f"TRUNCATE notifyq.{table} CASCADE")
+    endpoint = conn.execute(
+        "INSERT INTO notifyq.webhook_endpoint (url) VALUES ('http://127.0.0.1:9/x') "
+        "RETURNING id").fetchone()[0]  # type: ignore[index]
+    conn.execute("INSERT INTO notifyq.webhook_secret (id, endpoint_id, ciphertext) "
+                 "VALUES (gen_random_uuid(), %s, %s)", (endpoint, b"c" * 60))
+    ids = [r[1] for r in conn.execute(Q.webhook_message_send_many, {
+        "event_types": ["a.b"] * messages,
+        "payloads": [f'{{"i": {i}, "note": "{"x" * 200}"}}' for i in range(messages)],
+        "endpoint_ids": [endpoint] * messages, "idempotency_keys": [None] * messages})]
+    conn.execute("VACUUM ANALYZE")
+    return {"endpoint": endpoint, "ids": ids, "at": 0}
+
+
+def _take(state: dict[str, Any], n: int) -> list[str]:
+    ids, at = state["ids"], state["at"]
+    state["at"] = (at + n) % (len(ids) - n)
+    return ids[at:at + n]
+
+
+def _load(conn: psycopg.Connection[Any], state: dict[str, Any]) -> None:
+    ids = _take(state, state["batch"])
+    conn.execute(Q.webhook_delivery_load_many, {
+        "message_ids": ids, "endpoint_ids": [state["endpoint"]] * len(ids),
+        "now": None}).fetchall()
+
+
+def _record(conn: psycopg.Connection[Any], state: dict[str, Any]) -> None:
+    ids = _take(state, state["batch"])
+    n = len(ids)
+    conn.execute(Q.webhook_attempt_record_many, {
+        "message_ids": ids, "endpoint_ids": [state["endpoint"]] * n, "run_ids": [None] * n,
+        "triggers": ["scheduled"] * n, "attempts": [1] * n, "webhook_timestamps": [1] * n,
+        "urls": ["http://127.0.0.1:9/x"] * n, "status_codes": [200] * n,
+        "error_kinds": [None] * n, "errors": [None] * n, "durations_ms": [1.0] * n,
+        "response_bodies": ["ok"] * n, "response_truncated": [False] * n,
+        "next_attempt_ats": [None] * n, "delivery_statuses": ["succeeded"] * n,
+        "counted": [1] * n, "succeeded": [True] * n, "now": None, "breaker_failures": 5,
+        "breaker_cooldown_s": 60.0, "share_start": 5, "share_max": 100,
+        "slow_ms": 5000.0}).fetchall()
+
+
+def _send(conn: psycopg.Connection[Any], state: dict[str, Any]) -> None:
+    n = state["batch"]
+    if n == 1:
+        conn.execute(Q.webhook_message_send, {
+            "event_type": "a.b", "payload": '{"i": 1, "note": "%s"}' % ("x" * 200),
+            "endpoint_id": state["endpoint"], "idempotency_key": None}).fetchall()
+        return
+    conn.execute(Q.webhook_message_send_many, {
+        "event_types": ["a.b"] * n,
+        "payloads": [f'{{"i": {i}, "note": "{"x" * 200}"}}' for i in range(n)],
+        "endpoint_ids": [state["endpoint"]] * n, "idempotency_keys": [None] * n}).fetchall()
+
+
 def _bulk(conn: psycopg.Connection[Any], _: Any = None) -> None:
     batch = Batch(65_536)
     for i in range(1000):
@@ -221,6 +303,27 @@ def measure(dsn: str, counts: Path, name: str) -> float:
             _reset(conn)
             _copy(conn)
         return per_call(dsn, counts, setup_copy, _copy, 5) / 1000
+    if name.startswith(("load_", "record_", "send_")):
+        kind, _, size = name.rpartition("_")
+        batch = int(size)
+        step = {"load": _load, "record": _record, "send": _send, "send_many": _send}[kind]
+
+        def setup_webhooks(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+            state = {**_webhooks(conn, 3000), "batch": batch}
+            for _ in range(5):
+                step(conn, state)
+            return state
+        calls = 5 if batch >= 1000 else 40
+        return per_call(dsn, counts, setup_webhooks, step, calls) / (
+            batch if kind == "send_many" else 1)
+    if name.startswith("keyed_"):
+        keys, each = (int(x) for x in name.removeprefix("keyed_").split("x"))
+
+        def setup_keyed(conn: psycopg.Connection[Any]) -> None:
+            _keyed_backlog(conn, keys, each)
+            for _ in range(3):
+                _keyed(conn)
+        return per_call(dsn, counts, setup_keyed, _keyed, 20)
     batch = int(name.removeprefix("cycle_"))
 
     def setup_cycle(conn: psycopg.Connection[Any]) -> dict[str, Any]:

@@ -290,46 +290,85 @@ DECLARE
     types_paused boolean;
     used      integer;
     step      bigint;
+    keys_     text[];
+    limits_   integer[];
 BEGIN
     IF EXISTS (SELECT FROM pause WHERE kind = 'pool' AND name = p_pool) THEN
         RETURN;
     END IF;
     types_paused := EXISTS (SELECT FROM pause WHERE kind = 'type');
-    FOR k IN
-        SELECT concurrency_key AS key, max(concurrency_limit) AS lim
-        FROM job_run j
-        WHERE status = 'pending' AND pool = p_pool AND run_at <= now_
-          AND concurrency_key IS NOT NULL
-          AND (NOT types_paused
-               OR NOT EXISTS (SELECT FROM pause p WHERE p.kind = 'type' AND p.name = j.job_type))
-        GROUP BY concurrency_key
-        ORDER BY min(priority), min(run_at)
-        LIMIT 1000
-    LOOP
-        EXIT WHEN remaining <= 0;
-        CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext('notifyq.concurrency'),
-                                                    hashtext(k.key));
-        SELECT count(*) INTO running FROM job_run
-        WHERE concurrency_key = k.key AND status = 'running';
-        free := least(coalesce(k.lim, 1) - running, remaining);
-        CONTINUE WHEN free <= 0;
+    -- Concurrency keys, in four statements however many keys there are (three or four per key
+    -- before): the keys with due runs, each with its limit; those no other claim is deciding
+    -- right now (a try-lock: skipped, never waited for); what each has free, counted after
+    -- the locks so that a claim that committed meanwhile counts; and one claim of every key's
+    -- free share, the keys in the order of their head runs.
+    SELECT array_agg(h.key ORDER BY h.priority, h.run_at),
+           array_agg(h.lim ORDER BY h.priority, h.run_at)
+    INTO keys_, limits_
+    FROM (
+        -- the distinct keys by a skip scan of job_run_claim_keyed_idx, each with its head
+        -- run and its limit (key_concurrency's, else the head's)
+        WITH RECURSIVE keys(key) AS (
+            (SELECT concurrency_key FROM job_run
+             WHERE status = 'pending' AND pool = p_pool AND concurrency_key IS NOT NULL
+             ORDER BY concurrency_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT concurrency_key FROM job_run
+                    WHERE status = 'pending' AND pool = p_pool AND concurrency_key IS NOT NULL
+                      AND concurrency_key > keys.key
+                    ORDER BY concurrency_key LIMIT 1)
+            FROM keys WHERE keys.key IS NOT NULL
+        )
+        SELECT keys.key, head.priority, head.run_at,
+               coalesce(kc.concurrency_limit, head.concurrency_limit, 1) AS lim
+        FROM (SELECT key FROM keys WHERE key IS NOT NULL LIMIT 1000) keys
+        CROSS JOIN LATERAL (
+            SELECT j.priority, j.run_at, j.concurrency_limit FROM job_run j
+            WHERE j.status = 'pending' AND j.pool = p_pool AND j.concurrency_key = keys.key
+            ORDER BY j.priority, j.run_at, j.id
+            LIMIT 1
+        ) head
+        LEFT JOIN key_concurrency kc ON kc.key = keys.key
+        WHERE head.run_at <= now_
+    ) h;
+    IF keys_ IS NOT NULL THEN
+        SELECT array_agg(u.key ORDER BY u.n), array_agg(u.lim ORDER BY u.n)
+        INTO keys_, limits_
+        FROM unnest(keys_, limits_) WITH ORDINALITY AS u(key, lim, n)
+        WHERE pg_try_advisory_xact_lock(hashtext('notifyq.concurrency'), hashtext(u.key));
+    END IF;
+    IF keys_ IS NOT NULL THEN
+        SELECT array_agg(u.key ORDER BY u.n), array_agg(u.lim - r.running ORDER BY u.n)
+        INTO keys_, limits_
+        FROM unnest(keys_, limits_) WITH ORDINALITY AS u(key, lim, n)
+        CROSS JOIN LATERAL (SELECT count(*) AS running FROM job_run
+                            WHERE concurrency_key = u.key AND status = 'running') r
+        WHERE u.lim > r.running;
+    END IF;
+    IF keys_ IS NOT NULL AND remaining > 0 THEN
+        -- The outer LIMIT stops the nested loop, so no row beyond it is locked; the loop
+        -- follows the keys' order (an ORDER BY here would lock every key's share first).
         RETURN QUERY
             SELECT * FROM _claim_ids(ARRAY(
-                SELECT id FROM job_run j
-                WHERE status = 'pending' AND pool = p_pool AND concurrency_key = k.key
-                  AND run_at <= now_
-                  AND (NOT types_paused
-                       OR NOT EXISTS (SELECT FROM pause p
-                                      WHERE p.kind = 'type' AND p.name = j.job_type))
-                ORDER BY priority, run_at, id
-                LIMIT free
-                FOR UPDATE SKIP LOCKED), p_worker_id, p_lease_s, now_);
+                SELECT c.id
+                FROM unnest(keys_, limits_) WITH ORDINALITY AS u(key, free, n)
+                CROSS JOIN LATERAL (
+                    SELECT id FROM job_run j
+                    WHERE status = 'pending' AND pool = p_pool AND concurrency_key = u.key
+                      AND run_at <= now_
+                      AND (NOT types_paused
+                           OR NOT EXISTS (SELECT FROM pause p
+                                          WHERE p.kind = 'type' AND p.name = j.job_type))
+                    ORDER BY priority, run_at, id
+                    LIMIT u.free
+                    FOR UPDATE SKIP LOCKED) c
+                LIMIT remaining), p_worker_id, p_lease_s, now_);
         GET DIAGNOSTICS claimed = ROW_COUNT;
         remaining := remaining - claimed;
-    END LOOP;
+    END IF;
 
-    -- Rate-limited keys: the distinct keys by a skip scan of job_run_claim_rated_idx (one
-    -- index probe per key, however long a key's backlog), each with its head run's definition.
+    -- Rate-limited keys (as in 0018): the distinct keys by a skip scan of
+    -- job_run_claim_rated_idx, each with its head run's definition.
     FOR k IN
         WITH RECURSIVE keys(key) AS (
             (SELECT rate_key FROM job_run
@@ -360,7 +399,6 @@ BEGIN
         EXIT WHEN remaining <= 0;
         CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext('notifyq.rate'), hashtext(k.key));
         IF k.lim IS NULL THEN
-            -- The type's limit was removed: its queued runs go at the pace of free slots.
             free := remaining;
         ELSE
             SELECT coalesce(_rate_used(w.buckets, w.counts, k.period_s, now_), 0) INTO used
@@ -382,7 +420,6 @@ BEGIN
         GET DIAGNOSTICS claimed = ROW_COUNT;
         remaining := remaining - claimed;
         IF claimed > 0 AND k.lim IS NOT NULL THEN
-            -- Add the starts to the current step; forget the steps the window has left.
             step := _rate_step(now_, k.period_s);
             INSERT INTO rate_window AS w (key, pool, rate_limit, period_s, buckets, counts,
                                           updated_at)
@@ -753,6 +790,133 @@ END
 $_$;
 
 --
+-- Name: _send_webhooks(text[], text[], uuid[], text[]); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._send_webhooks(p_event_types text[], p_payloads text[], p_endpoint_ids uuid[], p_idempotency_keys text[]) RETURNS TABLE(ord integer, message_id text, created boolean, deliveries integer)
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    AS $_$
+DECLARE
+    bad record;
+BEGIN
+    -- The checks of _send_webhook, each message's at once; the first failure names its place.
+    SELECT u.n, u.event_type, u.payload::jsonb AS payload, u.endpoint_id, u.key INTO bad
+    FROM unnest(p_event_types, p_payloads, p_endpoint_ids, p_idempotency_keys)
+         WITH ORDINALITY AS u(event_type, payload, endpoint_id, key, n)
+    WHERE u.event_type IS NULL OR u.event_type !~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]*$'
+       OR length(u.event_type) > 128
+       OR u.payload IS NULL OR jsonb_typeof(u.payload::jsonb) NOT IN ('object', 'array')
+       OR octet_length(u.payload::jsonb::text) > 262144
+       OR (u.key IS NOT NULL AND length(u.key) NOT BETWEEN 1 AND 256)
+       OR (u.endpoint_id IS NOT NULL
+           AND NOT EXISTS (SELECT FROM webhook_endpoint e WHERE e.id = u.endpoint_id))
+    ORDER BY u.n LIMIT 1;
+    IF FOUND THEN
+        IF bad.event_type IS NULL OR bad.event_type !~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]*$'
+           OR length(bad.event_type) > 128 THEN
+            RAISE EXCEPTION 'notifyq: message %: invalid event type %: it must match ^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$',
+                bad.n, coalesce(quote_literal(bad.event_type), 'NULL') USING ERRCODE = '22023';
+        ELSIF bad.payload IS NULL OR jsonb_typeof(bad.payload) NOT IN ('object', 'array') THEN
+            RAISE EXCEPTION 'notifyq: message %: webhook payload must be a JSON object or array',
+                bad.n USING ERRCODE = '22023';
+        ELSIF octet_length(bad.payload::text) > 262144 THEN
+            RAISE EXCEPTION 'notifyq: message %: webhook payload is % bytes; the limit is 262144 bytes',
+                bad.n, octet_length(bad.payload::text) USING ERRCODE = '54000';
+        ELSIF bad.key IS NOT NULL AND length(bad.key) NOT BETWEEN 1 AND 256 THEN
+            RAISE EXCEPTION 'notifyq: message %: idempotency_key must be 1 to 256 characters',
+                bad.n USING ERRCODE = '22023';
+        ELSE
+            RAISE EXCEPTION 'notifyq: message %: no webhook endpoint %', bad.n, bad.endpoint_id
+                USING ERRCODE = '22023';
+        END IF;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('notifyq.webhook'), hashtext(x.key))
+    FROM (SELECT DISTINCT key FROM unnest(p_idempotency_keys) AS key
+          WHERE key IS NOT NULL ORDER BY key) x;
+    RETURN QUERY SELECT * FROM _send_webhooks_rows(p_event_types, p_payloads, p_endpoint_ids,
+                                                  p_idempotency_keys);
+    IF cardinality(p_event_types) > 0 THEN
+        PERFORM pg_notify(current_schema(), 'j:webhooks');
+    END IF;
+END
+$_$;
+
+--
+-- Name: _send_webhooks_rows(text[], text[], uuid[], text[]); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._send_webhooks_rows(p_event_types text[], p_payloads text[], p_endpoint_ids uuid[], p_idempotency_keys text[]) RETURNS TABLE(ord integer, message_id text, created boolean, deliveries integer)
+    LANGUAGE sql
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+    WITH m AS (
+        SELECT u.event_type, u.payload::jsonb AS payload, u.endpoint_id, u.key,
+               u.n::integer AS n
+        FROM unnest(p_event_types, p_payloads, p_endpoint_ids, p_idempotency_keys)
+             WITH ORDINALITY AS u(event_type, payload, endpoint_id, key, n)
+    ), known AS (      -- a key sent before: that message, nothing new
+        SELECT m.n, w.id FROM m JOIN webhook_message w ON w.idempotency_key = m.key
+    ), fresh AS (      -- new messages: a key repeated in the batch makes one, the first
+        SELECT m.*, 'msg_' || replace(uuid7()::text, '-', '') AS id
+        FROM m
+        WHERE NOT EXISTS (SELECT FROM known k WHERE k.n = m.n)
+          AND (m.key IS NULL OR m.n = (SELECT min(d.n) FROM m d WHERE d.key = m.key))
+        ORDER BY m.n
+    ), messages AS (
+        INSERT INTO webhook_message (id, event_type, body, endpoint_id, idempotency_key)
+        SELECT f.id, f.event_type, f.payload::text, f.endpoint_id, f.key FROM fresh f
+        ORDER BY f.n
+    ), targets AS (
+        SELECT f.id AS message_id, f.n, e.id AS endpoint_id,
+               jsonb_build_object('message_id', f.id, 'endpoint_id', e.id) AS input,
+               greatest(now(), e.circuit_open_until) AS run_at
+        FROM fresh f
+        JOIN webhook_endpoint e
+          ON e.disabled_at IS NULL
+         AND CASE WHEN f.endpoint_id IS NOT NULL THEN e.id = f.endpoint_id
+                  ELSE e.event_types IS NULL OR f.event_type = ANY (e.event_types) END
+        ORDER BY f.n, e.id
+    ), runs AS (
+        INSERT INTO job_run (id, job_type, job_version, input, pool, priority, run_at,
+                             max_attempts, timeout_s, tags, trigger_source, trigger_ref,
+                             scope_entity_type, concurrency_key, concurrency_limit)
+        SELECT uuid7(), 'webhook.deliver', coalesce(d.version, 1), t.input, 'webhooks',
+               coalesce(d.priority_default, 0), t.run_at, 100, d.timeout_s, ARRAY[]::text[],
+               'event', t.message_id, d.scope_entity_type,
+               -- notifyq's own template, without a plpgsql call per run (~20 us each)
+               CASE WHEN d.concurrency_key_template = 'webhook:{endpoint_id}'
+                    THEN 'webhook:' || t.endpoint_id
+                    ELSE _expand_template(d.concurrency_key_template, t.input) END,
+               CASE WHEN d.concurrency_key_template IS NOT NULL
+                    THEN coalesce(d.concurrency_limit, 1) END
+        FROM targets t LEFT JOIN job d ON d.type = 'webhook.deliver'
+        RETURNING id, input ->> 'message_id' AS message_id,
+                  (input ->> 'endpoint_id')::uuid AS endpoint_id
+    ), delivered AS (
+        INSERT INTO webhook_delivery (message_id, endpoint_id, run_id)
+        SELECT r.message_id, r.endpoint_id, r.id FROM runs r
+        RETURNING webhook_delivery.message_id
+    ), counted AS (
+        SELECT d.message_id, count(*)::integer AS deliveries FROM delivered d
+        GROUP BY d.message_id
+    ), firsts AS (     -- the message a key repeated later in the batch stands for
+        SELECT f.key, f.id FROM fresh f WHERE f.key IS NOT NULL
+    )
+    SELECT m.n, a.id, f.id IS NOT NULL,
+           coalesce(c.deliveries, CASE WHEN k.id IS NOT NULL THEN
+               (SELECT count(*)::integer FROM webhook_delivery d WHERE d.message_id = k.id) END,
+               0)
+    FROM m
+    LEFT JOIN known k ON k.n = m.n
+    LEFT JOIN fresh f ON f.n = m.n
+    LEFT JOIN firsts r ON r.key = m.key
+    CROSS JOIN LATERAL (SELECT coalesce(k.id, f.id, r.id) AS id) a
+    LEFT JOIN counted c ON c.message_id = a.id
+    ORDER BY m.n;
+$$;
+
+--
 -- Name: _signal(text, jsonb, text[]); Type: FUNCTION; Schema: notifyq; Owner: -
 --
 
@@ -946,6 +1110,17 @@ CREATE TABLE notifyq.job_step (
     attempt integer DEFAULT 1 NOT NULL,
     CONSTRAINT job_step_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'checkpoint'::text, 'child'::text, 'sleep'::text, 'signal'::text]))),
     CONSTRAINT job_step_status_check CHECK ((status = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text])))
+);
+
+--
+-- Name: key_concurrency; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.key_concurrency (
+    key text NOT NULL,
+    concurrency_limit integer NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT key_concurrency_concurrency_limit_check CHECK ((concurrency_limit >= 1))
 );
 
 --
@@ -1241,6 +1416,13 @@ ALTER TABLE ONLY notifyq.job_signal
 
 ALTER TABLE ONLY notifyq.job_step
     ADD CONSTRAINT job_step_pkey PRIMARY KEY (run_id, step_id);
+
+--
+-- Name: key_concurrency key_concurrency_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.key_concurrency
+    ADD CONSTRAINT key_concurrency_pkey PRIMARY KEY (key);
 
 --
 -- Name: key_rotation_failure key_rotation_failure_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -

@@ -55,7 +55,7 @@ from notifyq._run import Run, RunInfo, RunStatus
 from notifyq._settings import Settings
 from notifyq._version import VERSION as _VERSION
 from notifyq._webhooks.endpoints import Endpoint
-from notifyq._webhooks.service import SentMessage
+from notifyq._webhooks.service import SentMessage, WebhookMessage
 
 __version__ = _VERSION
 
@@ -105,6 +105,7 @@ __all__ = [
     "UnknownKeyVersion",
     "UnknownStep",
     "WaitTimeout",
+    "WebhookMessage",
     "WebhookNotFound",
     "__version__",
 ]

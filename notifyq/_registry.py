@@ -43,6 +43,10 @@ class HandlerSpec:
     scope: Scope | None = None
     replay_from: ReplayFrom = "last_step"
     rate_limit: RateLimit | None = None
+    prefetch: Callable[[Any], None] | None = None
+    """A class handler's optional ``prefetch(input)``: called for every run of a claim as it
+    comes back, before any of them starts, so the handler can queue one batched lookup for all
+    of them (the webhook deliverer loads a claim's deliveries in one statement)."""
 
     def definition(self) -> dict[str, Any]:
         """The row this handler upserts into ``job``: its policies as data, so enqueuers in
@@ -124,9 +128,10 @@ class Registry:
         if replay_from not in ("scratch", "last_step", "last_checkpoint"):
             raise ConfigError("replay_from must be scratch, last_step or last_checkpoint, "
                               f"got {replay_from!r}")
+        prefetch = getattr(target, "prefetch", None) if not inspect.isfunction(target) else None
         spec = HandlerSpec(job_type, call, _is_async(call), retry or RetryPolicy(), timeout_s,
                            pool, priority, version, concurrency, dedupe, scope, replay_from,
-                           rate_limit)
+                           rate_limit, prefetch if callable(prefetch) else None)
         self._handlers[job_type] = spec
         self._by_function[id(target)] = job_type
         return spec

@@ -362,10 +362,18 @@ class WebhookSettings(_Section):
     max_connections: Annotated[int, Field(ge=1, le=10_000)] = 100
     """Pooled connections across destinations (kept alive per destination). Defaults to 100."""
     endpoint_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 5
-    """Deliveries to one endpoint in flight at once, across all workers (a concurrency key per
-    endpoint, enforced when runs are claimed): a slow endpoint holds at most this many delivery
-    slots. Keep it below a worker's ``--concurrency``; raise it for a fast, busy endpoint.
-    Defaults to 5."""
+    """Deliveries to one endpoint in flight at once, across all workers, to begin with: each
+    endpoint's share then adapts (one more after a batch of fast successes, halved for each
+    timeout, connect error, 429, 502-504 or answer slower than ``endpoint_slow_s``) between 1
+    and ``endpoint_concurrency_max``, enforced when runs are claimed. Defaults to 5."""
+    endpoint_concurrency_max: Annotated[int, Field(ge=1, le=10_000)] = 100
+    """The most deliveries to one endpoint in flight at once, however fast it answers. A share
+    above a worker's ``--concurrency`` lets one endpoint that suddenly stops answering hold
+    that worker's slots for one ``timeout_s`` before its share collapses and its circuit
+    opens. Defaults to 100."""
+    endpoint_slow_s: Seconds = 5.0
+    """An answer slower than this counts against the endpoint's share like a timeout.
+    Defaults to 5.0."""
     breaker_failures: Annotated[int, Field(ge=0, le=10_000)] = 5
     """Failed attempts in a row (no success between) that open an endpoint's circuit: its
     deliveries are parked for ``breaker_cooldown_s``, then one probe decides whether it closes.
@@ -392,6 +400,10 @@ class WebhookSettings(_Section):
         if self.connect_timeout_s > self.timeout_s:
             raise ValueError(f"connect_timeout_s ({self.connect_timeout_s}) cannot be more "
                              f"than timeout_s ({self.timeout_s})")
+        if self.endpoint_concurrency > self.endpoint_concurrency_max:
+            raise ValueError(f"endpoint_concurrency ({self.endpoint_concurrency}) cannot be "
+                             f"more than endpoint_concurrency_max "
+                             f"({self.endpoint_concurrency_max})")
         return self
 
 

@@ -6,6 +6,13 @@ SELECT message_id, created, deliveries
 FROM {schema}._send_webhook(%(event_type)s, %(payload)s::jsonb, %(endpoint_id)s::uuid,
                             %(idempotency_key)s)
 
+-- name: webhook_message_send_many
+-- Many messages in one statement (see notifyq._webhooks.service.Webhooks.send_many), in the
+-- caller's transaction when given its connection; one row per message, in the order given.
+SELECT ord, message_id, created, deliveries
+FROM {schema}._send_webhooks(%(event_types)s::text[], %(payloads)s::text[],
+                             %(endpoint_ids)s::uuid[], %(idempotency_keys)s::text[])
+
 -- name: webhook_message_get
 SELECT * FROM {schema}.webhook_message WHERE id = %(id)s
 

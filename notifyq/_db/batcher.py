@@ -71,8 +71,18 @@ class Batcher(Generic[T, R]):
         self.batches = 0
 
     async def submit(self, item: T) -> R:
+        return await self.result(self.queue(item))
+
+    def queue(self, item: T) -> _Entry[T, R]:
+        """Queue ``item`` now, without waiting: it goes in the next batch (led by whoever
+        awaits first), and :meth:`result` gives its result. Items queued together before any
+        of them is awaited go out as one batch (a prefetch of everything a claim brought)."""
         entry: _Entry[T, R] = _Entry(item)
         self._queue.append(entry)
+        return entry
+
+    async def result(self, entry: _Entry[T, R]) -> R:
+        """The result of a queued item: waits for its batch, or leads it."""
         try:
             while not entry.finished:
                 if self._busy or self._gathering:

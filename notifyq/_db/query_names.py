@@ -166,6 +166,7 @@ class QueryNames:
 
     # db/queries/webhook_message.sql
     webhook_message_send: LiteralString
+    webhook_message_send_many: LiteralString
     webhook_message_get: LiteralString
     webhook_message_in_tenants: LiteralString
     webhook_message_list: LiteralString

@@ -118,6 +118,8 @@ class Worker:
         self.active: dict[UUID, Execution] = {}
         """Every claimed run this worker holds: buffered, running or being written back."""
         self._ready: deque[Execution] = deque()
+        self._prefetch = {spec.job_type: spec.prefetch for spec in registry.specs()
+                          if spec.prefetch is not None}
         self._idle_slots: deque[anyio.Event] = deque()
         self._waking = 0
         """Slots woken that have not taken a run yet (at most one: see :meth:`_wake_slots`)."""
@@ -224,6 +226,12 @@ class Worker:
             self.executor.release(execution, self._finished)
             return
         self._ready.append(execution)  # started by _wake_slots, when the completer says
+        prefetch = self._prefetch.get(execution.run.job_type)
+        if prefetch is not None:
+            try:
+                prefetch(execution.input)
+            except Exception:  # the handler's own lookup will then do, or say what is wrong
+                log.exception("prefetch of run %s failed", execution.id, extra=execution.log_extra)
 
     def _wake_slots(self) -> None:
         """Wake an idle slot while runs are buffered and no woken slot is yet to take one (the

@@ -108,6 +108,7 @@ class Deliverer:
         self._records: Batcher[dict[str, Any], _Streak] = Batcher(
             self._record_many, split_on=(psycopg.IntegrityError, psycopg.DataError,
                                          psycopg.errors.DeadlockDetected))
+        self._prefetched: dict[tuple[str, UUID], Any] = {}
         self.observer: Callable[[str], None] | None = None
         """Called with each attempt's outcome (``2xx``..``5xx`` or the error kind)."""
 
@@ -122,6 +123,14 @@ class Deliverer:
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
+
+    def prefetch(self, input: Any) -> None:
+        """A claimed delivery: its load joins the next batch, with its claim's others."""
+        key = _delivery_key(input)
+        if key is not None and key not in self._prefetched:
+            if len(self._prefetched) >= _SIGNING_KEYS_KEPT:  # never consumed: released runs
+                self._prefetched.clear()
+            self._prefetched[key] = self._loads.queue(key)
 
     async def handle(self, ctx: JobContext) -> dict[str, Any]:
         data = ctx.input if isinstance(ctx.input, dict) else {}
@@ -143,7 +152,9 @@ class Deliverer:
         q = app.queries
         scheduled = trigger == "scheduled"
         now = app.clock.now()
-        row = await self._loads.submit((message_id, endpoint_id))
+        ticket = self._prefetched.pop((message_id, endpoint_id), None)
+        row = await (self._loads.result(ticket) if ticket is not None
+                     else self._loads.submit((message_id, endpoint_id)))
         if row is None:
             raise Permanent(WebhookNotFound(
                 f"no delivery of message {message_id} to endpoint {endpoint_id}"))
@@ -234,9 +245,12 @@ class Deliverer:
         app = self._rt
         params: dict[str, Any] = {plural: [i[name] for i in items]
                                   for name, plural in _RECORD_COLUMNS.items()}
-        params.update(now=app.clock.db_now(),
-                      breaker_failures=app.settings.webhooks.breaker_failures,
-                      breaker_cooldown_s=app.settings.webhooks.breaker_cooldown_s)
+        settings = app.settings.webhooks
+        params.update(now=app.clock.db_now(), breaker_failures=settings.breaker_failures,
+                      breaker_cooldown_s=settings.breaker_cooldown_s,
+                      share_start=settings.endpoint_concurrency,
+                      share_max=settings.endpoint_concurrency_max,
+                      slow_ms=settings.endpoint_slow_s * 1000)
         async with (await app.pool()).connection() as conn:
             rows = await (await conn.execute(app.queries.webhook_attempt_record_many,
                                              params)).fetchall()
@@ -352,6 +366,19 @@ class Deliverer:
             raise Snooze(decision.delay_s)
         raise Permanent(RuntimeError(f"{where} failed: {outcome}"
                                      + (f"; endpoint disabled ({disabled})" if disabled else "")))
+
+
+def _delivery_key(input: Any) -> tuple[str, UUID] | None:
+    """(message id, endpoint id) of a scheduled delivery's input, or None."""
+    if not isinstance(input, dict) or input.get("trigger", "scheduled") != "scheduled":
+        return None
+    message_id, endpoint_id = input.get("message_id"), input.get("endpoint_id")
+    if not isinstance(message_id, str) or not isinstance(endpoint_id, str):
+        return None
+    try:
+        return message_id, UUID(endpoint_id)
+    except ValueError:
+        return None
 
 
 def _expected_open(row: dict[str, Any], settings: WebhookSettings,

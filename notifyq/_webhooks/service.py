@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, LiteralString, TypeVar
@@ -74,6 +74,28 @@ class SentMessage:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "created": self.created, "deliveries": self.deliveries}
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookMessage:
+    """One message of :meth:`Webhooks.send_many`: what :meth:`Webhooks.send` takes.
+
+    Example::
+
+        await app.webhooks.send_many([
+            WebhookMessage("invoice.paid", {"id": 42}, idempotency_key="inv-42"),
+            WebhookMessage("invoice.paid", {"id": 43}, endpoint_id=endpoint.id),
+        ])
+    """
+
+    event_type: str
+    payload: dict[str, Any] | list[Any]
+    endpoint_id: UUID | str | None = None
+    idempotency_key: str | None = None
+
+
+SEND_MANY_CHUNK = 1000
+"""Messages per statement of send_many (one transaction for all of them)."""
 
 
 class Webhooks:
@@ -307,15 +329,7 @@ class Webhooks:
         """Send ``payload`` (the exact JSON body, as PostgreSQL's jsonb prints it) to
         ``endpoint_id``, or to every enabled endpoint subscribed to ``event_type``: one
         ``webhook.deliver`` run each. With ``conn``, inside the caller's transaction."""
-        try:
-            text = json.dumps(payload, ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise InvalidEnqueue(f"payload is not JSON-serializable: {exc}") from None
-        problem = jsonb_problem(text)
-        if problem:
-            raise InvalidEnqueue(f"payload contains {problem}, which PostgreSQL's jsonb "
-                                 "cannot store")
-        params = {"event_type": event_type, "payload": text,
+        params = {"event_type": event_type, "payload": _payload_text(payload),
                   "endpoint_id": _uuid(endpoint_id) if endpoint_id is not None else None,
                   "idempotency_key": idempotency_key}
         try:
@@ -329,6 +343,53 @@ class Webhooks:
                 raise
             raise translated from None
         return sent
+
+    async def send_many(self, messages: Sequence[WebhookMessage | tuple[str, Any]], *,
+                        conn: AnyConn | None = None) -> list[SentMessage]:
+        """:meth:`send` for many messages at once, all or nothing: messages, their runs and
+        deliveries are written set-based (one statement per 1,000 messages, one transaction),
+        and the workers are woken once. Each item is a :class:`WebhookMessage` or an
+        ``(event_type, payload)`` pair; the answer is in the same order. A message that
+        :meth:`send` would refuse refuses the batch, naming its position (from 1)."""
+        items = [m if isinstance(m, WebhookMessage) else WebhookMessage(*m) for m in messages]
+        texts = [_payload_text(m.payload, where=f"message {n}: ")
+                 for n, m in enumerate(items, 1)]
+        sent: list[SentMessage] = []
+        try:
+            async with self._conn(conn) as c, self._atomic(c):
+                for start in range(0, len(items), SEND_MANY_CHUNK):
+                    chunk = items[start:start + SEND_MANY_CHUNK]
+                    sent += await self._send_chunk(c, chunk, texts[start:start + len(chunk)],
+                                                   first=start + 1)
+        except psycopg.DatabaseError as exc:
+            translated = translate_db_error(exc)
+            if translated is exc:
+                raise
+            raise translated from None
+        return sent
+
+    @staticmethod
+    def _atomic(conn: AnyConn) -> AbstractAsyncContextManager[Any]:
+        """The caller's open transaction holds every statement; else one of our own."""
+        return conn.transaction() if conn.autocommit else nullcontext()
+
+    async def _send_chunk(self, conn: AnyConn, chunk: list[WebhookMessage], texts: list[str],
+                          *, first: int) -> list[SentMessage]:
+        try:
+            rows = await self._all(conn, self._rt.queries.webhook_message_send_many, {
+                "event_types": [m.event_type for m in chunk], "payloads": texts,
+                "endpoint_ids": [_uuid(m.endpoint_id) if m.endpoint_id is not None else None
+                                 for m in chunk],
+                "idempotency_keys": [m.idempotency_key for m in chunk]}, args_row(_sent_row))
+        except psycopg.DatabaseError as exc:
+            if first == 1:
+                raise
+            # The SQL function numbers the messages of its own statement: say where in the batch.
+            translated = translate_db_error(exc)
+            if not isinstance(translated, InvalidEnqueue):
+                raise
+            raise InvalidEnqueue(_renumbered(str(translated), first - 1)) from None
+        return rows
 
     @property
     def max_attempts(self) -> int:
@@ -417,6 +478,30 @@ class Webhooks:
             return await self._all(c, self._rt.queries.webhook_delivery_recover, {
                 "endpoint_id": endpoint.id, "since": since, "limit": limit,
                 "now": self._now()}, recovered_row)
+
+
+def _payload_text(payload: Any, *, where: str = "") -> str:
+    """``payload`` as the JSON text PostgreSQL will store, or InvalidEnqueue."""
+    try:
+        text = json.dumps(payload, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidEnqueue(f"{where}payload is not JSON-serializable: {exc}") from None
+    problem = jsonb_problem(text)
+    if problem:
+        raise InvalidEnqueue(f"{where}payload contains {problem}, which PostgreSQL's jsonb "
+                             "cannot store")
+    return text
+
+
+def _sent_row(ord: int, message_id: str, created: bool, deliveries: int) -> SentMessage:
+    return SentMessage(message_id, created, deliveries)
+
+
+def _renumbered(message: str, offset: int) -> str:
+    """A refusal's "message N: ..." counted from the batch's start, not the chunk's."""
+    head, _, rest = message.partition(": ")
+    number = head.removeprefix("message ")
+    return f"message {int(number) + offset}: {rest}" if number.isdigit() else message
 
 
 def _row_of(endpoint: Endpoint) -> dict[str, Any]:

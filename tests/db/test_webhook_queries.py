@@ -38,18 +38,22 @@ def _send(db: Conn, q: Queries, event_type: str = "a.b", *, endpoint_id: Any = N
 
 
 def _attempt(message_id: str, endpoint_id: Any, *, succeeded: bool, status: str | None,
-             counted: int = 1) -> dict[str, Any]:
+             counted: int = 1, code: int | None = None, error_kind: str | None = None,
+             duration_ms: float = 1.5) -> dict[str, Any]:
+    code = code if code is not None or error_kind else (200 if succeeded else 500)
     return {"message_id": message_id, "endpoint_id": endpoint_id, "run_id": None,
             "trigger": "scheduled" if counted else "manual", "attempt": 1,
-            "webhook_timestamp": 1, "url": "u", "status_code": 200 if succeeded else 500,
-            "error_kind": None, "error": None if succeeded else "HTTP 500", "duration_ms": 1.5,
+            "webhook_timestamp": 1, "url": "u", "status_code": code,
+            "error_kind": error_kind, "error": None if succeeded else "failed",
+            "duration_ms": duration_ms,
             "response_body": "ok", "response_truncated": False, "next_attempt_at": None,
             "delivery_status": status, "counted": counted, "succeeded": succeeded}
 
 
 def _record_many(db: Conn, q: Queries, attempts: list[dict[str, Any]],
                  now: Any, *, breaker_failures: int = 0,
-                 breaker_cooldown_s: float = 60.0) -> list[Any]:
+                 breaker_cooldown_s: float = 60.0, share_start: int = 5,
+                 share_max: int = 100, slow_ms: float = 5000.0) -> list[Any]:
     """Each attempt's failing_since, in order (the circuit breaker off unless given)."""
     columns = {"message_id": "message_ids", "endpoint_id": "endpoint_ids",
                "run_id": "run_ids", "trigger": "triggers", "attempt": "attempts",
@@ -63,7 +67,8 @@ def _record_many(db: Conn, q: Queries, attempts: list[dict[str, Any]],
                               for name, plural in columns.items()}
     rows = db.execute(q.webhook_attempt_record_many, {
         **params, "now": now, "breaker_failures": breaker_failures,
-        "breaker_cooldown_s": breaker_cooldown_s}).fetchall()
+        "breaker_cooldown_s": breaker_cooldown_s, "share_start": share_start,
+        "share_max": share_max, "slow_ms": slow_ms}).fetchall()
     assert sorted(r["ord"] for r in rows) == list(range(1, len(attempts) + 1))
     return [r["failing_since"] for r in sorted(rows, key=lambda r: r["ord"])]
 
@@ -160,6 +165,30 @@ def test_send_fans_out_by_event_type_and_is_idempotent_by_key(db: Conn, q: Queri
     runs = db.execute("SELECT job_type, pool, input FROM notifyq.job_run").fetchall()
     assert len(runs) == 3
     assert {(r["job_type"], r["pool"]) for r in runs} == {("webhook.deliver", "webhooks")}
+
+
+def test_send_many_writes_a_batch_like_send_in_one_statement(db: Conn, q: Queries) -> None:
+    everything = _endpoint(db, q)
+    paid = _endpoint(db, q, event_types=["order.paid"])
+    _endpoint(db, q, enabled=False)
+    db.execute("INSERT INTO notifyq.job (type, pool, concurrency_key_template, "
+               "concurrency_limit) VALUES ('webhook.deliver', 'webhooks', "
+               "'webhook:{endpoint_id}', 5)")
+    before = _send(db, q, "order.paid", key="k0")
+    rows = db.execute(q.webhook_message_send_many, {
+        "event_types": ["order.paid", "x.y", "x.y", "order.paid"],
+        "payloads": ['{"n": 1}', '[2]', '{"n": 3}', '{"n": 4}'],
+        "endpoint_ids": [None, paid, None, None], "idempotency_keys": [None, None, "k0", "k1"],
+    }).fetchall()
+    assert [(r["ord"], r["created"], r["deliveries"]) for r in rows] == [
+        (1, True, 2), (2, True, 1), (3, False, 2), (4, True, 2)]
+    assert rows[2]["message_id"] == before["message_id"]
+    runs = db.execute("SELECT r.concurrency_key, r.concurrency_limit, d.endpoint_id "
+                      "FROM notifyq.webhook_delivery d JOIN notifyq.job_run r ON r.id = d.run_id "
+                      "WHERE d.message_id = %s ORDER BY r.id", (rows[0]["message_id"],)
+                      ).fetchall()
+    assert [(r["concurrency_key"], r["concurrency_limit"]) for r in runs] == [
+        (f"webhook:{e}", 5) for e in sorted((everything, paid))]
 
 
 def test_load_reads_message_endpoint_delivery_and_valid_secrets_in_one_row(
@@ -330,3 +359,38 @@ def test_header_values_are_sealed_listed_while_in_clear_and_read_back(
     assert bytes(stored["header_values"]) == b"\x01" * 40
     assert db.execute(q.webhook_endpoint_seal_headers, {
         "id": uuid.uuid4(), "headers": Jsonb({}), "header_values": None}).fetchone() is None
+
+
+def _share(db: Conn, endpoint_id: Any) -> int | None:
+    row = db.execute("SELECT concurrency_limit FROM notifyq.key_concurrency WHERE key = %s",
+                     (f"webhook:{endpoint_id}",)).fetchone()
+    return None if row is None else int(row["concurrency_limit"])
+
+
+def test_an_endpoints_share_grows_while_it_answers_fast_and_halves_when_it_does_not(
+        db: Conn, q: Queries) -> None:
+    fast, other = _endpoint(db, q), _endpoint(db, q)
+    message = _send(db, q)["message_id"]
+
+    def batch(*attempts: dict[str, Any], share_max: int = 7) -> None:
+        _record_many(db, q, list(attempts), T0, share_max=share_max)
+
+    ok = _attempt(message, fast, succeeded=True, status="succeeded")
+    batch(ok, ok)
+    assert _share(db, fast) == 6  # one more per batch, from share_start (5)
+    for _ in range(5):
+        batch(ok)
+    assert _share(db, fast) == 7  # and no more than share_max
+    batch(ok, _attempt(message, fast, succeeded=False, status="pending", code=429))
+    assert _share(db, fast) == 3  # halved for the 429 in the batch
+    batch(_attempt(message, fast, succeeded=False, status="pending", error_kind="timeout"),
+          _attempt(message, fast, succeeded=True, status="succeeded", duration_ms=6000.0))
+    assert _share(db, fast) == 1  # halved twice: a timeout and an answer slower than 5 s
+    batch(_attempt(message, fast, succeeded=False, status="pending", code=503))
+    assert _share(db, fast) == 1  # never below one
+    batch(_attempt(message, other, succeeded=False, status="pending", code=500),
+          _attempt(message, other, succeeded=False, status="pending", code=404))
+    assert _share(db, other) is None  # the receiver's own errors say nothing of its load
+    batch(_attempt(message, other, succeeded=False, status=None, counted=0,
+                   error_kind="timeout"))
+    assert _share(db, other) is None  # a manual resend neither

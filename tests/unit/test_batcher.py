@@ -176,3 +176,15 @@ async def test_a_caller_cancelled_while_queued_is_not_run_and_the_queue_moves_on
 async def test_batch_max_must_be_positive() -> None:
     with pytest.raises(ValueError, match="batch_max must be at least 1, got 0"):
         Batcher(Doubler(), batch_max=0)
+
+
+async def test_items_queued_together_go_out_as_one_batch_whoever_awaits_first() -> None:
+    doubler = Doubler()
+    batcher = Batcher(doubler)
+    tickets = [batcher.queue(i) for i in (1, 2, 3, 4)]
+    assert doubler.batches == []  # queued, not sent
+    assert await batcher.result(tickets[2]) == 6  # the third leads the batch of all four
+    assert doubler.batches == [[1, 2, 3, 4]]
+    assert [await batcher.result(t) for t in tickets] == [2, 4, 6, 8]
+    assert await batcher.submit(5) == 10
+    assert doubler.batches == [[1, 2, 3, 4], [5]]

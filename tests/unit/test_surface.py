@@ -60,7 +60,7 @@ PUBLIC = [
     "ResultTimeout", "RetiredKeyVersion", "RetryPolicy", "RotationInProgress", "Run", "RunFailed",
     "RunInfo", "RunNotFound", "RunStatus", "ScheduleNotFound", "SchemaError", "Scope",
     "SentMessage", "Settings", "Snooze", "Stats", "StepError", "SystemClock", "UnknownJobType",
-    "UnknownKeyVersion", "UnknownStep", "WaitTimeout",
+    "UnknownKeyVersion", "UnknownStep", "WaitTimeout", "WebhookMessage",
     "WebhookNotFound", "__version__",
 ]
 """The documented surface: a change here is a change of the public API (CHANGELOG it)."""

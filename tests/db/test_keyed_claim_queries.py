@@ -1,0 +1,79 @@
+"""The keyed claim (``_claim_keyed``, migration 0021): keys found by a skip scan, each key's
+limit from ``key_concurrency`` when it has one, a key whose head run is not due passed over, and
+never more running per key than its limit, even with two claims at once."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from notifyq._db.queries import Queries
+from tests.db.conftest import T0
+from tests.db.helpers import claim, count
+
+Conn = psycopg.Connection[dict[str, Any]]
+
+
+def _backlog(db: Conn, keys: dict[str, int], *, limit: int = 5, pool: str = "webhooks",
+             run_at: Any = T0) -> None:
+    for key, n in keys.items():
+        db.execute("INSERT INTO notifyq.job_run (job_type, input, pool, run_at, "
+                   "concurrency_key, concurrency_limit) "
+                   "SELECT 'webhook.deliver', jsonb_build_object('i', g), %s, %s, %s, %s "
+                   "FROM generate_series(1, %s) g", (pool, run_at, key, limit, n))
+
+
+def _running(db: Conn) -> dict[str, int]:
+    rows = db.execute("SELECT concurrency_key, count(*) AS n FROM notifyq.job_run "
+                      "WHERE status = 'running' GROUP BY 1").fetchall()
+    return {r["concurrency_key"]: r["n"] for r in rows}
+
+
+def test_each_key_gets_its_limit_however_long_its_backlog(db: Conn, q: Queries) -> None:
+    _backlog(db, {"webhook:a": 3000, "webhook:b": 2, "webhook:c": 40})
+    got = claim(db, q, T0, pool="webhooks", limit=100, keyed=True)
+    assert len(got) == 5 + 2 + 5
+    assert _running(db) == {"webhook:a": 5, "webhook:b": 2, "webhook:c": 5}
+    assert claim(db, q, T0, pool="webhooks", limit=100, keyed=True) == []  # all full
+
+
+def test_a_keys_current_limit_overrides_the_one_its_runs_were_enqueued_with(
+        db: Conn, q: Queries) -> None:
+    _backlog(db, {"webhook:a": 50, "webhook:b": 50})
+    db.execute("INSERT INTO notifyq.key_concurrency (key, concurrency_limit) "
+               "VALUES ('webhook:a', 12), ('webhook:b', 1)")
+    claim(db, q, T0, pool="webhooks", limit=100, keyed=True)
+    assert _running(db) == {"webhook:a": 12, "webhook:b": 1}
+    db.execute("UPDATE notifyq.key_concurrency SET concurrency_limit = 15 "
+               "WHERE key = 'webhook:a'")
+    assert len(claim(db, q, T0, pool="webhooks", limit=100, keyed=True)) == 3
+
+
+def test_the_claim_limit_is_shared_across_keys_in_the_order_of_their_heads(
+        db: Conn, q: Queries) -> None:
+    _backlog(db, {"webhook:late": 10}, run_at=T0 - timedelta(seconds=1))
+    _backlog(db, {"webhook:early": 10}, run_at=T0 - timedelta(seconds=9))
+    got = claim(db, q, T0, pool="webhooks", limit=7, keyed=True)
+    assert len(got) == 7
+    assert _running(db) == {"webhook:early": 5, "webhook:late": 2}
+
+
+def test_a_key_whose_head_is_not_due_holds_up_no_other_key(db: Conn, q: Queries) -> None:
+    _backlog(db, {"webhook:parked": 500}, run_at=T0 + timedelta(minutes=5))
+    _backlog(db, {"webhook:due": 3})
+    assert len(claim(db, q, T0, pool="webhooks", limit=100, keyed=True)) == 3
+    assert _running(db) == {"webhook:due": 3}
+    assert count(db, "status = 'pending' AND concurrency_key = 'webhook:parked'") == 500
+
+
+def test_two_claims_at_once_never_run_more_than_a_keys_limit(db: Conn, db2: Conn,
+                                                             q: Queries) -> None:
+    _backlog(db, {"webhook:a": 100}, limit=4)
+    with db2.transaction():  # the second claim is still uncommitted, its lock held
+        first = claim(db2, q, T0, pool="webhooks", limit=100, keyed=True)
+        meanwhile = claim(db, q, T0, pool="webhooks", limit=100, keyed=True)
+    after = claim(db, q, T0, pool="webhooks", limit=100, keyed=True)
+    assert (len(first), len(meanwhile), len(after)) == (4, 0, 0)
+    assert _running(db) == {"webhook:a": 4}
