@@ -16,8 +16,9 @@ Each execution:
    that is over raises ``Permanent``. 410 Gone, or failing longer than
    ``webhooks.disable_after_s``, disables the endpoint and stops its pending deliveries.
 
-What cannot be sent at all (a URL or header the transport refuses, no valid secret) is an
-attempt too, of error kind ``invalid``, and ends the delivery: no retry could fix it.
+What cannot be sent at all (a URL or header the transport refuses, no valid secret, secrets
+this process cannot decrypt) is an attempt too, of error kind ``invalid``, and ends the
+delivery: no retry could fix it.
 
 **Circuit breaker.** ``webhooks.breaker_failures`` failed attempts in a row open the endpoint's
 circuit for ``webhooks.breaker_cooldown_s`` (kept in the endpoint's row by step 4, so every
@@ -43,7 +44,7 @@ from uuid import UUID
 import psycopg
 
 from notifyq._db.batcher import Batcher
-from notifyq._errors import Permanent, Snooze, WebhookNotFound
+from notifyq._errors import DecryptionFailed, Permanent, Snooze, WebhookNotFound
 from notifyq._tracing import child_span, mark_error, webhook_attempt
 from notifyq._webhooks.client import AttemptResult
 from notifyq._webhooks.endpoints import RESERVED_HEADERS
@@ -169,12 +170,19 @@ class Deliverer:
         if scheduled and row["circuit_open_until"] is not None:
             await self._hold(row)
         keyring = await self._rt.checked_keyring()
-        keys = self._keys(row, keyring)
         timestamp = int(now.timestamp())
         attempt = row["attempts"] + 1 if scheduled else row["attempts"]
+        try:
+            keys = self._keys(row, keyring)
+            self._custom_headers(row, keyring)
+        except DecryptionFailed as exc:
+            # Retrying cannot make this process decrypt: say so in an attempt and stop, rather
+            # than 100 silent retries (the message names the row and key version, never a key).
+            keys, unreadable = [], f"cannot decrypt the endpoint's secrets here: {exc}"
+        else:
+            unreadable = f"endpoint {endpoint_id} has no valid signing secret: rotate its secret"
         if not keys:
-            result = AttemptResult(0.0, error_kind="invalid", error=(
-                f"endpoint {endpoint_id} has no valid signing secret: rotate its secret"))
+            result = AttemptResult(0.0, error_kind="invalid", error=unreadable)
         else:
             with child_span("webhook attempt", {
                     "notifyq.webhook.endpoint_id": str(endpoint_id),

@@ -19,7 +19,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from notifyq import App
-from notifyq._errors import ResolutionFailed, Snooze
+from notifyq._errors import Permanent, ResolutionFailed, Snooze
+from tests import vault
+from tests.conftest import fast_settings
 from tests.receiver import Receiver
 from tests.webhooks.conftest import deliverer, webhook_settings
 
@@ -133,3 +135,26 @@ async def test_a_name_that_does_not_resolve_is_a_dns_error_and_nothing_is_contac
         assert asked == [("nowhere.invalid", receiver.port)]
         assert attempt["next_attempt_at"] is not None  # retried on the schedule
         assert receiver.connections == 0
+
+
+async def test_a_secret_this_process_cannot_decrypt_is_an_invalid_attempt_that_ends_it(
+        dsn: str, receiver: Receiver) -> None:
+    """Written under key version 2 by a process that holds it; delivered by one that holds only
+    version 1: an attempt says why, the delivery fails at once, nothing is sent."""
+    newer = App(settings=fast_settings(
+        dsn, keys=vault.keys_env(1, 2, active=2)["NOTIFYQ_KEYS"], active_key_version=2,
+        webhooks={"allowed_networks": ["127.0.0.0/8"]}))
+    async with newer:
+        ep = await newer.webhooks.create_endpoint(receiver.url("/hook"))
+        msg = (await newer.webhooks.send("order.paid", {}, endpoint_id=ep.id)).id
+    older = App(settings=webhook_settings(dsn))  # KEY1 only
+    async with older:
+        with pytest.raises(Permanent, match="cannot decrypt the endpoint's secrets here"):
+            await deliverer(older).deliver(msg, ep.id)
+        [attempt] = await older.webhooks.attempts(msg)
+        message = await older.webhooks.message(msg)
+    assert (attempt["error_kind"], attempt["status_code"]) == ("invalid", None)
+    assert "key version 2" in (attempt["error"] or "")
+    assert vault.b64(vault.KEY2) not in (attempt["error"] or "")
+    assert [d["status"] for d in message["deliveries"]] == ["failed"]
+    assert receiver.requests == []
