@@ -269,6 +269,9 @@ class App:
         this app has no handler for) raises :class:`~notifyq.UnknownJobType`;
         ``allow_unknown_type=True`` accepts it (default: the ``enqueue.allow_unknown_types``
         setting).
+
+        notifyq's own job types (``webhook.deliver``, ``secret.reencrypt``) raise
+        :class:`~notifyq.InvalidEnqueue`: :attr:`webhooks` and :attr:`keys` enqueue them.
         """
         run, _ = await self._enqueuer.enqueue(_request(
             job_type, input, run_at=run_at, priority=priority, pool=pool,

@@ -84,6 +84,7 @@ class QueryNames:
     key_version_retire: LiteralString
     key_rotation_lock: LiteralString
     key_rotation_register: LiteralString
+    key_rotation_get: LiteralString
     key_rotation_find_active: LiteralString
     key_rotation_latest: LiteralString
     key_rotation_progress_start: LiteralString

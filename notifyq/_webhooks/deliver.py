@@ -147,6 +147,11 @@ class Deliverer:
         if row is None:
             raise Permanent(WebhookNotFound(
                 f"no delivery of message {message_id} to endpoint {endpoint_id}"))
+        if run_id is not None and not await self._own_run(row, run_id, scheduled):
+            raise Permanent(ValueError(
+                f"run {run_id} is not notifyq's {trigger} delivery of message {message_id} to "
+                f"endpoint {endpoint_id}: webhook.deliver runs are enqueued by webhooks' send, "
+                "resend and recover only; refused"))
         skipped = self._skip_reason(row, scheduled)
         if skipped is not None:
             if scheduled:
@@ -182,6 +187,19 @@ class Deliverer:
             app.settings.webhooks.retry_schedule_s), app.settings.webhooks, now, self._rng)
         return await self._record(row, run_id=run_id, trigger=trigger, attempt=attempt,
                                   timestamp=timestamp, result=result, decision=decision)
+
+    async def _own_run(self, row: dict[str, Any], run_id: UUID, scheduled: bool) -> bool:
+        """Whether ``run_id`` is a run notifyq enqueued for this delivery: a scheduled attempt
+        is the delivery's own run (``send``, ``recover``); a manual one a ``resend`` of this
+        message (its trigger_ref, and no tenant). The edges refuse built-in types
+        (``BUILTIN_JOB_TYPES``); this holds against a run that got in another way."""
+        if scheduled:
+            return bool(row["run_id"] == run_id)
+        app = self._rt
+        async with (await app.pool()).connection() as conn:
+            run = await (await conn.execute(app.queries.job_run_get, {"id": run_id})).fetchone()
+        return run is not None and run["trigger_ref"] == row["message_id"] and (
+            run["tenant_id"] is None)
 
     async def _post(self, row: dict[str, Any], keyring: Keyring, keys: list[bytes],
                     timestamp: int) -> AttemptResult:
