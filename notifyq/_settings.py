@@ -36,6 +36,7 @@ from pydantic_settings import (
 )
 
 from notifyq._errors import ConfigError
+from notifyq._limits import MAX_RESULT_WAIT_S
 
 POOL_NAME = re.compile(r"^[a-z0-9_][a-z0-9_.:-]{0,63}$")
 SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -267,7 +268,21 @@ class ApiSettings(_Section):
     """More named tokens with their scopes, and tenants if limited to some. Defaults to
     none."""
     max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 1_048_576
-    """Larger request bodies are refused (413) before they are parsed. Defaults to 1 MiB."""
+    """Larger ``/v1`` request bodies are refused (413) before they are parsed; outside ``/v1``
+    a body may be at most what its route takes (none, or the dashboard's forms). Defaults to
+    1 MiB."""
+    body_timeout_s: Annotated[float, Field(gt=0, le=600)] = 10.0
+    """How long a request body may take to arrive once its headers have: a slower one is
+    answered 408 and its connection closed. Defaults to 10.0."""
+    read_timeout_s: Annotated[int, Field(ge=int(MAX_RESULT_WAIT_S) + 1, le=3600)] = 120
+    """A connection on which nothing arrives for this long is closed (hypercorn's
+    ``read_timeout``), even while its request is being answered: keep it above the longest
+    ``?wait=`` (60 s) and your slowest bulk action. Defaults to 120."""
+    max_concurrent_requests: Annotated[int, Field(ge=1, le=100_000)] = 256
+    """Requests handled at once; one more is answered 503 (``Retry-After: 1``) before anything
+    reads it, and its connection closed. hypercorn has no connection limit of its own: a
+    connection without a request in flight is closed after 5 s idle, headers included.
+    Defaults to 256."""
 
     @field_validator("admin_token", "read_token")
     @classmethod
