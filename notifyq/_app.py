@@ -454,7 +454,7 @@ class App:
         return Worker(
             db=db, queries=self._runtime.queries, clock=self.clock, settings=self.settings,
             registry=self._registry,
-            listen_dsn=self.settings.listen_database_url or self.settings.database_url,
+            listen_dsn=self.settings.listen_url,
             concurrency=concurrency or cfg.concurrency, pools=pools, burst=burst)
 
     async def run_worker(self, *, concurrency: int | None = None, pools: list[str] | None = None,

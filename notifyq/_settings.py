@@ -443,7 +443,15 @@ class Settings(BaseSettings):
     everything else refuses to start. Defaults to none."""
     listen_database_url: str | None = None
     """A separate DSN for the LISTEN connection (e.g. direct to PostgreSQL when the pool goes
-    through PgBouncer in transaction mode). Defaults to ``database_url``."""
+    through PgBouncer in transaction mode). Defaults to ``database_url``, unless
+    ``database_transaction_pooling`` is set (then no LISTEN without it)."""
+    database_transaction_pooling: bool = False
+    """``database_url`` goes through a pooler in transaction mode (PgBouncer's ``pool_mode =
+    transaction``), where consecutive statements outside a transaction may run on different
+    server sessions: notifyq then prepares no statements (PgBouncer before 1.21, or without
+    ``max_prepared_statements``, cannot route them), sets nothing for a session, and never
+    LISTENs on ``database_url`` (set ``listen_database_url`` to a direct connection, or turn
+    ``worker.listen`` off to poll). Defaults to False."""
     schema_name: str = "notifyq"
     """The PostgreSQL schema holding notifyq's tables and SQL functions (lowercase letters,
     digits and ``_``). Defaults to "notifyq"."""
@@ -520,6 +528,25 @@ class Settings(BaseSettings):
         if not SCHEMA_NAME.fullmatch(self.schema_name):
             raise ValueError(f"schema_name {self.schema_name!r} must match {SCHEMA_NAME.pattern}")
         return self
+
+    @model_validator(mode="after")
+    def _check_pooling(self) -> Settings:
+        if (self.database_transaction_pooling and self.listen_database_url is None
+                and self.worker.listen):
+            raise ValueError(
+                "database_transaction_pooling is on, and LISTEN through a transaction pool "
+                "loses its notifications: set listen_database_url "
+                "(NOTIFYQ_LISTEN_DATABASE_URL) to a direct connection to PostgreSQL, or "
+                "worker.listen to false (NOTIFYQ_WORKER__LISTEN=false) to poll")
+        return self
+
+    @property
+    def listen_url(self) -> str | None:
+        """Where a LISTEN connects: ``listen_database_url``, else ``database_url`` unless it
+        goes through a transaction pool (None: nowhere; poll)."""
+        if self.listen_database_url is not None:
+            return self.listen_database_url
+        return None if self.database_transaction_pooling else self.database_url
 
     @model_validator(mode="after")
     def _check_keys(self) -> Settings:

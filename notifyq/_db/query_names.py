@@ -105,7 +105,6 @@ class QueryNames:
 
     # db/queries/migration.sql
     migration_lock: LiteralString
-    migration_unlock: LiteralString
     migration_ledger_create: LiteralString
     migration_schema_create: LiteralString
     migration_ledger_exists: LiteralString
