@@ -241,8 +241,7 @@ def _record(conn: psycopg.Connection[Any], state: dict[str, Any]) -> None:
         "response_bodies": ["ok"] * n, "response_truncated": [False] * n,
         "next_attempt_ats": [None] * n, "delivery_statuses": ["succeeded"] * n,
         "counted": [1] * n, "succeeded": [True] * n, "now": None, "breaker_failures": 5,
-        "breaker_cooldown_s": 60.0, "share_start": 5, "share_max": 100,
-        "slow_ms": 5000.0}).fetchall()
+        "breaker_cooldown_s": 60.0}).fetchall()
 
 
 def _send(conn: psycopg.Connection[Any], state: dict[str, Any]) -> None:

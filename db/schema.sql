@@ -968,13 +968,29 @@ $$;
 --
 
 CREATE FUNCTION notifyq.enqueue(job_type text, input jsonb, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority integer DEFAULT NULL::integer, pool text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, dedupe_key text DEFAULT NULL::text, tags text[] DEFAULT NULL::text[], concurrency_key text DEFAULT NULL::text, scope_entity_id text DEFAULT NULL::text, tenant_id text DEFAULT NULL::text, allow_unknown_type boolean DEFAULT false) RETURNS uuid
-    LANGUAGE sql
+    LANGUAGE plpgsql
     SET search_path TO 'notifyq', 'public'
     AS $$
-    SELECT (_enqueue(job_type, input, run_at, priority, pool, max_attempts, dedupe_key, tags,
-                     p_concurrency_key => concurrency_key, p_scope_entity_id => scope_entity_id,
-                     p_tenant_id => tenant_id,
-                     p_allow_unknown_type => allow_unknown_type)).id
+BEGIN
+    IF enqueue.job_type = 'webhook.deliver' THEN
+        RAISE EXCEPTION 'notifyq: job type ''webhook.deliver'' is built in and enqueued by '
+                        'notifyq itself, with the checks its own API makes: send webhooks with '
+                        'app.webhooks.send, POST /v1/webhooks/messages or `notifyq webhooks '
+                        'send` (resend and recover likewise)'
+            USING ERRCODE = '22023';
+    ELSIF enqueue.job_type = 'secret.reencrypt' THEN
+        RAISE EXCEPTION 'notifyq: job type ''secret.reencrypt'' is built in and enqueued by '
+                        'notifyq itself, with the checks its own API makes: rotate keys with '
+                        'app.keys.rotate, POST /v1/admin/rotate-key or `notifyq keys rotate`'
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN (_enqueue(enqueue.job_type, enqueue.input, enqueue.run_at, enqueue.priority,
+                     enqueue.pool, enqueue.max_attempts, enqueue.dedupe_key, enqueue.tags,
+                     p_concurrency_key => enqueue.concurrency_key,
+                     p_scope_entity_id => enqueue.scope_entity_id,
+                     p_tenant_id => enqueue.tenant_id,
+                     p_allow_unknown_type => enqueue.allow_unknown_type)).id;
+END
 $$;
 
 --

@@ -269,6 +269,9 @@ class App:
         this app has no handler for) raises :class:`~notifyq.UnknownJobType`;
         ``allow_unknown_type=True`` accepts it (default: the ``enqueue.allow_unknown_types``
         setting).
+
+        notifyq's own job types (``webhook.deliver``, ``secret.reencrypt``) raise
+        :class:`~notifyq.InvalidEnqueue`: :attr:`webhooks` and :attr:`keys` enqueue them.
         """
         run, _ = await self._enqueuer.enqueue(_request(
             job_type, input, run_at=run_at, priority=priority, pool=pool,
@@ -451,7 +454,7 @@ class App:
         return Worker(
             db=db, queries=self._runtime.queries, clock=self.clock, settings=self.settings,
             registry=self._registry,
-            listen_dsn=self.settings.listen_database_url or self.settings.database_url,
+            listen_dsn=self.settings.listen_url,
             concurrency=concurrency or cfg.concurrency, pools=pools, burst=burst)
 
     async def run_worker(self, *, concurrency: int | None = None, pools: list[str] | None = None,

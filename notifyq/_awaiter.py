@@ -41,7 +41,9 @@ log = logging.getLogger("notifyq.awaiter")
 
 RECHECK_S = 5.0
 """How often a waiter re-reads its run when no notification came (a lost NOTIFY, a listener
-that is reconnecting, PgBouncer in transaction mode). Defaults to 5 s."""
+that is reconnecting). Defaults to 5 s. With nowhere to LISTEN (``database_transaction_pooling``
+without ``listen_database_url``) waiters poll at ``worker.poll_interval_s`` instead, as the
+workers do."""
 
 
 @dataclass(eq=False)
@@ -99,7 +101,8 @@ class Awaiter:
 
     async def _until_final(self, waiter: _Waiter) -> Run:
         while True:
-            if not self._listening and not (self._shared and self._shared.connected):
+            if not self._listening and not (self._shared and self._shared.connected) and (
+                    self._runtime.settings.listen_url is not None):
                 return await self._listen_while(waiter)
             run = await self._check(waiter)
             if run.status.terminal:
@@ -134,9 +137,8 @@ class Awaiter:
 
     def _notifier(self) -> Notifier:
         if self._own is None:
-            settings = self._runtime.settings
-            dsn = settings.listen_database_url or settings.database_url
-            self._own = Notifier(require_dsn(dsn), self._runtime.queries)
+            self._own = Notifier(require_dsn(self._runtime.settings.listen_url),
+                                 self._runtime.queries)
             self._own.subscribe(self._on_notification)
             self._own.on_connect(self._wake_all)
         return self._own
@@ -158,7 +160,10 @@ class Awaiter:
         return run
 
     async def _sleep(self, waiter: _Waiter) -> None:
-        with anyio.move_on_after(self._recheck_s):
+        settings = self._runtime.settings
+        recheck_s = self._recheck_s if settings.listen_url is not None else min(
+            self._recheck_s, settings.worker.poll_interval_s)
+        with anyio.move_on_after(recheck_s):
             await waiter.woken.wait()
             return
         self.rechecks += 1

@@ -22,6 +22,17 @@ MAX_POOL_LEN = 64
 JOB_TYPE = re.compile(rf"^[a-z0-9_][a-z0-9_.:-]{{0,{MAX_JOB_TYPE_LEN - 1}}}$")
 POOL = re.compile(rf"^[a-z0-9_][a-z0-9_.:-]{{0,{MAX_POOL_LEN - 1}}}$")
 
+BUILTIN_JOB_TYPES = {
+    "webhook.deliver": "send webhooks with app.webhooks.send, POST /v1/webhooks/messages or "
+                       "`notifyq webhooks send` (resend and recover likewise)",
+    "secret.reencrypt": "rotate keys with app.keys.rotate, POST /v1/admin/rotate-key or "
+                        "`notifyq keys rotate`",
+}
+"""notifyq's own job types, by name, with where to ask for them instead: they are enqueued
+only by their features (webhooks, key rotation), never by ``App.enqueue``, ``POST /v1/jobs``,
+``notifyq enqueue`` or SQL ``notifyq.enqueue``, which refuse them (a tenant's token resent
+another tenant's webhook through ``POST /v1/jobs``, issue 31). Migration 0022 names them too."""
+
 MAX_INPUT_BYTES = 65_536
 """A run's input as jsonb prints it (``octet_length(input::text)``)."""
 PRIORITY_RANGE = (-1000, 1000)

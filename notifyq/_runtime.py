@@ -25,6 +25,7 @@ from notifyq._db.pool import (
     check_connection_sync,
     open_pool,
     require_dsn,
+    statement_options,
 )
 from notifyq._db.queries import Queries, queries_for
 from notifyq._errors import ConfigError
@@ -122,6 +123,12 @@ class Runtime:
                     check.run_sync(conn)
 
     @property
+    def prepares(self) -> bool:
+        """Whether connections to ``database_url`` may prepare statements and keep session
+        settings: not through a transaction pool (``database_transaction_pooling``)."""
+        return not self.settings.database_transaction_pooling
+
+    @property
     def opened(self) -> AsyncConnectionPool[AsyncConn] | None:
         """The pool if it is open (None before the first :meth:`pool`)."""
         return self._pool
@@ -132,7 +139,8 @@ class Runtime:
             async with self._open_lock:
                 if self._pool is None:
                     dsn = require_dsn(self.settings.database_url)
-                    self._pool = await open_pool(dsn, max_size=self.settings.pool_max_size)
+                    self._pool = await open_pool(dsn, max_size=self.settings.pool_max_size,
+                                                 prepare=self.prepares)
         return self._pool
 
     @asynccontextmanager
@@ -152,7 +160,8 @@ class Runtime:
         1,588-1,596 -> 2,093-2,211/s."""
         pool = await self.pool()
         if self._warm is None:
-            self._warm = WarmConnection(require_dsn(self.settings.database_url))
+            self._warm = WarmConnection(require_dsn(self.settings.database_url),
+                                        prepare=self.prepares)
         async with self._warm.connection(pool) as conn:
             yield conn
 
@@ -164,7 +173,7 @@ class Runtime:
             self._sync_pool = ConnectionPool(
                 dsn, min_size=1, max_size=self.settings.pool_max_size,
                 kwargs={"autocommit": True, "row_factory": dict_row,
-                        "application_name": "notifyq"},
+                        "application_name": "notifyq", **statement_options(self.prepares)},
                 connection_class=psycopg.Connection[dict[str, Any]], open=True)
         return self._sync_pool
 

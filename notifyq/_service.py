@@ -32,6 +32,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("notifyq.serve")
 
+KEEP_ALIVE_S = 5
+"""hypercorn's keep-alive timeout (its default, stated): an idle connection, or one still
+sending its headers, is closed after this."""
+MAX_HEADER_BYTES = 16 * 1024
+"""The most a request's headers may take (hypercorn's ``h11_max_incomplete_size``, its default
+stated): a token, a session cookie and a browser's usual headers fit in 4 KiB."""
+
 
 @dataclass(frozen=True)
 class ServeOptions:
@@ -142,6 +149,14 @@ def _api_config(app: App, host: str, port: int) -> Config:
     config.errorlog = logging.getLogger("notifyq.api.server")
     config.graceful_timeout = app.settings.worker.shutdown_grace_s
     config.include_server_header = False
+    api = app.settings.api
+    # A connection that sends nothing for this long is closed, mid-request too (issue 31: none
+    # of 60 stalled clients was, in 30 s). Bodies have their own, shorter deadline
+    # (api.body_timeout_s, BodyLimit); headers are bounded by the keep-alive timer, which
+    # hypercorn runs until a request's headers are complete.
+    config.read_timeout = api.read_timeout_s
+    config.keep_alive_timeout = KEEP_ALIVE_S
+    config.h11_max_incomplete_size = MAX_HEADER_BYTES
     return config
 
 

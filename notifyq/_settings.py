@@ -36,6 +36,7 @@ from pydantic_settings import (
 )
 
 from notifyq._errors import ConfigError
+from notifyq._limits import MAX_RESULT_WAIT_S
 
 POOL_NAME = re.compile(r"^[a-z0-9_][a-z0-9_.:-]{0,63}$")
 SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -267,7 +268,21 @@ class ApiSettings(_Section):
     """More named tokens with their scopes, and tenants if limited to some. Defaults to
     none."""
     max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 1_048_576
-    """Larger request bodies are refused (413) before they are parsed. Defaults to 1 MiB."""
+    """Larger ``/v1`` request bodies are refused (413) before they are parsed; outside ``/v1``
+    a body may be at most what its route takes (none, or the dashboard's forms). Defaults to
+    1 MiB."""
+    body_timeout_s: Annotated[float, Field(gt=0, le=600)] = 10.0
+    """How long a request body may take to arrive once its headers have: a slower one is
+    answered 408 and its connection closed. Defaults to 10.0."""
+    read_timeout_s: Annotated[int, Field(ge=int(MAX_RESULT_WAIT_S) + 1, le=3600)] = 120
+    """A connection on which nothing arrives for this long is closed (hypercorn's
+    ``read_timeout``), even while its request is being answered: keep it above the longest
+    ``?wait=`` (60 s) and your slowest bulk action. Defaults to 120."""
+    max_concurrent_requests: Annotated[int, Field(ge=1, le=100_000)] = 256
+    """Requests handled at once; one more is answered 503 (``Retry-After: 1``) before anything
+    reads it, and its connection closed. hypercorn has no connection limit of its own: a
+    connection without a request in flight is closed after 5 s idle, headers included.
+    Defaults to 256."""
 
     @field_validator("admin_token", "read_token")
     @classmethod
@@ -436,7 +451,15 @@ class Settings(BaseSettings):
     everything else refuses to start. Defaults to none."""
     listen_database_url: str | None = None
     """A separate DSN for the LISTEN connection (e.g. direct to PostgreSQL when the pool goes
-    through PgBouncer in transaction mode). Defaults to ``database_url``."""
+    through PgBouncer in transaction mode). Defaults to ``database_url``, unless
+    ``database_transaction_pooling`` is set (then no LISTEN without it)."""
+    database_transaction_pooling: bool = False
+    """``database_url`` goes through a pooler in transaction mode (PgBouncer's ``pool_mode =
+    transaction``), where consecutive statements outside a transaction may run on different
+    server sessions: notifyq then prepares no statements (PgBouncer before 1.21, or without
+    ``max_prepared_statements``, cannot route them), sets nothing for a session, and never
+    LISTENs on ``database_url`` (set ``listen_database_url`` to a direct connection, or turn
+    ``worker.listen`` off to poll). Defaults to False."""
     schema_name: str = "notifyq"
     """The PostgreSQL schema holding notifyq's tables and SQL functions (lowercase letters,
     digits and ``_``). Defaults to "notifyq"."""
@@ -513,6 +536,25 @@ class Settings(BaseSettings):
         if not SCHEMA_NAME.fullmatch(self.schema_name):
             raise ValueError(f"schema_name {self.schema_name!r} must match {SCHEMA_NAME.pattern}")
         return self
+
+    @model_validator(mode="after")
+    def _check_pooling(self) -> Settings:
+        if (self.database_transaction_pooling and self.listen_database_url is None
+                and self.worker.listen):
+            raise ValueError(
+                "database_transaction_pooling is on, and LISTEN through a transaction pool "
+                "loses its notifications: set listen_database_url "
+                "(NOTIFYQ_LISTEN_DATABASE_URL) to a direct connection to PostgreSQL, or "
+                "worker.listen to false (NOTIFYQ_WORKER__LISTEN=false) to poll")
+        return self
+
+    @property
+    def listen_url(self) -> str | None:
+        """Where a LISTEN connects: ``listen_database_url``, else ``database_url`` unless it
+        goes through a transaction pool (None: nowhere; poll)."""
+        if self.listen_database_url is not None:
+            return self.listen_database_url
+        return None if self.database_transaction_pooling else self.database_url
 
     @model_validator(mode="after")
     def _check_keys(self) -> Settings:

@@ -26,6 +26,11 @@ INSERT INTO {schema}.key_rotation (run_id, target_version, created_at)
 VALUES (%(run_id)s, %(target_version)s, coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (run_id) DO NOTHING
 
+-- name: key_rotation_get
+-- The rotation a secret.reencrypt run belongs to: KeyAdmin.rotate registers it in the transaction
+-- that enqueues the run, so a run without one was not started by a rotation (issue 31).
+SELECT run_id, target_version FROM {schema}.key_rotation WHERE run_id = %(run_id)s
+
 -- name: key_rotation_find_active
 -- The rotation still pending, running or waiting, if any.
 SELECT k.run_id, k.target_version, r.status

@@ -1,10 +1,8 @@
 -- Named queries for the migration ledger.
 
 -- name: migration_lock
-SELECT pg_advisory_lock(hashtextextended('notifyq.migrate:' || %(schema_name)s, 0))
-
--- name: migration_unlock
-SELECT pg_advisory_unlock(hashtextextended('notifyq.migrate:' || %(schema_name)s, 0))
+-- Held until the transaction ends (each migration's own): safe through a transaction pool.
+SELECT pg_advisory_xact_lock(hashtextextended('notifyq.migrate:' || %(schema_name)s, 0))
 
 -- name: migration_ledger_create
 CREATE TABLE IF NOT EXISTS {schema}.schema_migration (

@@ -78,34 +78,6 @@ v AS (
           IS DISTINCT FROM (e.failing_since, e.consecutive_failures, e.circuit_open_until)
     ORDER BY e.id
     FOR UPDATE OF e
-), share AS (
-    -- Each endpoint's adaptive share of the delivery slots (`key_concurrency`, migration 0021,
-    -- which the keyed claim reads): one more after a batch of its attempts with a fast success
-    -- and nothing overloaded, halved for each attempt that was (a timeout, a connect error, a
-    -- 429, a 502-504, or an answer slower than `slow_ms`); between 1 and `share_max`, starting
-    -- at `share_start`. Written only when it changes.
-    SELECT 'webhook:' || v.endpoint_id AS key,
-           count(*) FILTER (WHERE v.succeeded AND v.duration_ms < %(slow_ms)s) AS fast,
-           count(*) FILTER (WHERE v.counted > 0 AND (
-               v.error_kind IN ('timeout', 'connect') OR v.status_code = 429
-               OR v.status_code BETWEEN 502 AND 504
-               OR v.duration_ms >= %(slow_ms)s))::integer AS overloaded
-    FROM v GROUP BY v.endpoint_id
-), resized AS (
-    INSERT INTO {schema}.key_concurrency AS kc (key, concurrency_limit, updated_at)
-    SELECT s.key,
-           CASE WHEN s.overloaded > 0 THEN greatest(1, c.share >> least(s.overloaded, 30))
-                ELSE least(%(share_max)s::integer, c.share + 1) END,
-           n.now
-    FROM share s CROSS JOIN n
-    LEFT JOIN {schema}.key_concurrency k ON k.key = s.key
-    CROSS JOIN LATERAL (SELECT coalesce(k.concurrency_limit, %(share_start)s::integer)
-                        AS share) c
-    WHERE CASE WHEN s.overloaded > 0 THEN c.share > 1
-               ELSE s.fast > 0 AND c.share < %(share_max)s::integer END
-    ORDER BY s.key
-    ON CONFLICT (key) DO UPDATE
-    SET concurrency_limit = excluded.concurrency_limit, updated_at = excluded.updated_at
 ), streak AS (
     UPDATE {schema}.webhook_endpoint e
     SET failing_since = c.failing_since, consecutive_failures = c.failures,

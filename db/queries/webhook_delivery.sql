@@ -9,11 +9,12 @@ ORDER BY d.endpoint_id
 -- name: webhook_delivery_load_many
 -- Everything the attempts of a batch need, in one round trip: per (message, endpoint) pair, by
 -- its position `ord` in the arrays: message, endpoint, delivery and the ciphertexts of the
--- secrets valid now (newest first). A pair with no delivery has no row.
+-- secrets valid now (newest first). A pair with no delivery has no row. `run_id` is the
+-- delivery's scheduled run: a scheduled attempt by any other run is refused (issue 31).
 SELECT k.ord, m.id AS message_id, m.event_type, m.body, e.id AS endpoint_id, e.url, e.headers,
        e.header_values,
        e.disabled_at, e.disabled_reason, e.consecutive_failures, e.circuit_open_until,
-       d.status, d.attempts,
+       d.status, d.attempts, d.run_id,
        coalesce(s.ids, '{{}}') AS secret_ids, coalesce(s.ciphertexts, '{{}}') AS ciphertexts
 FROM unnest(%(message_ids)s::text[], %(endpoint_ids)s::uuid[])
      WITH ORDINALITY AS k(message_id, endpoint_id, ord)

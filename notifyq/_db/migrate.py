@@ -1,8 +1,13 @@
 """Migrations: append-only SQL files in ``db/migrations/NNNN_name.sql``.
 
-``migrate`` applies the missing ones in order under a session advisory lock (so concurrent
-starts apply each file once), each file and its ledger row in one transaction, with
-``search_path`` set to the target schema. Running it again is a no-op.
+``migrate`` applies the missing ones in order, each file and its ledger row in one
+transaction, with ``search_path`` set to the target schema. Running it again is a no-op.
+
+Concurrent starts apply each file once: every transaction takes a transaction-scoped advisory
+lock first and re-reads the ledger under it. A session lock held across the files (until
+2026-12) broke through PgBouncer in transaction mode: the lock and its unlock ran on whichever
+server sessions the pool gave, so two migrators could both hold it (the second statement landed
+on the first's session) and an unlock could miss, leaving the lock on a pooled session.
 """
 
 from __future__ import annotations
@@ -81,25 +86,29 @@ async def migrate(conn: AnyConn, schema: str) -> list[Migration]:
     """Apply every pending migration; return those applied by this call."""
     q = queries_for(schema)
     await conn.set_autocommit(True)
-    await conn.execute(q.migration_lock, {"schema_name": schema})
-    try:
+    lock = {"schema_name": schema}
+    async with conn.transaction():
+        await conn.execute(q.migration_lock, lock)
         await conn.execute(q.migration_schema_create)
         await conn.execute(q.migration_ledger_create)
-        current = await state(conn, schema)
-        if current.unknown:
-            raise SchemaError(_newer_message(schema, current.unknown))
-        for migration in current.pending:
-            async with conn.transaction():
-                await conn.execute(q.migration_search_path_set, {"schema_name": schema})
-                await conn.execute(migration.sql, prepare=False)
-                await conn.execute(q.migration_record, {
-                    "version": migration.version,
-                    "name": migration.name,
-                    "checksum": migration.checksum,
-                })
-        return current.pending
-    finally:
-        await conn.execute(q.migration_unlock, {"schema_name": schema})
+    current = await state(conn, schema)
+    if current.unknown:
+        raise SchemaError(_newer_message(schema, current.unknown))
+    applied = []
+    for migration in current.pending:
+        async with conn.transaction():
+            await conn.execute(q.migration_lock, lock)
+            if migration.version in (await state(conn, schema)).applied:
+                continue  # another migrator's, committed while this one waited for the lock
+            await conn.execute(q.migration_search_path_set, lock)
+            await conn.execute(migration.sql, prepare=False)
+            await conn.execute(q.migration_record, {
+                "version": migration.version,
+                "name": migration.name,
+                "checksum": migration.checksum,
+            })
+        applied.append(migration)
+    return applied
 
 
 async def require_current(conn: AnyConn, schema: str) -> None:

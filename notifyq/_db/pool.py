@@ -33,11 +33,20 @@ def require_dsn(dsn: str | None) -> str:
     return dsn
 
 
+def statement_options(prepare: bool) -> dict[str, Any]:
+    """psycopg's connection options for ``prepare``: False (``database_transaction_pooling``)
+    turns its prepared statements off. psycopg prepares a statement on its 5th run on a
+    connection and then sends only its name: through PgBouncer 1.18 in transaction mode the
+    name reaches another server session, which has no such statement."""
+    return {} if prepare else {"prepare_threshold": None}
+
+
 async def open_pool(
-    dsn: str, *, max_size: int, name: str = "notifyq"
+    dsn: str, *, max_size: int, name: str = "notifyq", prepare: bool = True
 ) -> AsyncConnectionPool[AsyncConn]:
     """Open the process's pool. Connections are autocommit: each statement is a short
-    transaction unless a caller opens one explicitly with ``conn.transaction()``.
+    transaction unless a caller opens one explicitly with ``conn.transaction()``. ``prepare``:
+    see :func:`statement_options`.
 
     One direct connection comes first: a wrong DSN, a missing database or a server that is
     down fails at once with the server's reason (:class:`DatabaseUnavailable`), where the
@@ -48,7 +57,8 @@ async def open_pool(
         dsn,
         min_size=min(2, max_size),
         max_size=max_size,
-        kwargs={"autocommit": True, "row_factory": dict_row, "application_name": name},
+        kwargs={"autocommit": True, "row_factory": dict_row, "application_name": name,
+                **statement_options(prepare)},
         connection_class=psycopg.AsyncConnection[Row],
         name=name,
         open=False,
@@ -59,10 +69,12 @@ async def open_pool(
     return pool
 
 
-async def connect(dsn: str, *, application_name: str = "notifyq") -> AsyncConn:
-    """A standalone autocommit connection (the listener, migrations)."""
+async def connect(dsn: str, *, application_name: str = "notifyq",
+                  prepare: bool = True) -> AsyncConn:
+    """A standalone autocommit connection (the listener, migrations, warm connections)."""
     return await psycopg.AsyncConnection.connect(
-        dsn, autocommit=True, row_factory=dict_row, application_name=application_name)
+        dsn, autocommit=True, row_factory=dict_row, application_name=application_name,
+        **statement_options(prepare))
 
 
 async def connect_checked(dsn: str, *, application_name: str = "notifyq") -> AsyncConn:
@@ -133,9 +145,11 @@ class WarmConnection:
     and retry while the server is away)."""
 
     def __init__(self, dsn: str, *, application_name: str = "notifyq",
-                 configure: Callable[[AsyncConn], Awaitable[None]] | None = None) -> None:
+                 configure: Callable[[AsyncConn], Awaitable[None]] | None = None,
+                 prepare: bool = True) -> None:
         self._dsn = with_connect_timeout(dsn)
         self._application_name = application_name
+        self._prepare = prepare
         self._configure = configure
         self._conn: AsyncConn | None = None
         self._busy = False
@@ -180,7 +194,8 @@ class WarmConnection:
         if time.monotonic() < self._retry_at:
             return None  # the last attempt failed: the pool serves a while before the next
         try:
-            conn = await connect(self._dsn, application_name=self._application_name)
+            conn = await connect(self._dsn, application_name=self._application_name,
+                                 prepare=self._prepare)
         except psycopg.OperationalError:
             self._retry_at = time.monotonic() + WARM_RETRY_S
             return None

@@ -84,6 +84,7 @@ class QueryNames:
     key_version_retire: LiteralString
     key_rotation_lock: LiteralString
     key_rotation_register: LiteralString
+    key_rotation_get: LiteralString
     key_rotation_find_active: LiteralString
     key_rotation_latest: LiteralString
     key_rotation_progress_start: LiteralString
@@ -97,6 +98,9 @@ class QueryNames:
     key_rotation_failure_count: LiteralString
     key_rotation_lock_timeout: LiteralString
 
+    # db/queries/key_concurrency.sql
+    key_concurrency_resize: LiteralString
+
     # db/queries/leader.sql
     leader_attempt_elect: LiteralString
     leader_resign: LiteralString
@@ -104,7 +108,6 @@ class QueryNames:
 
     # db/queries/migration.sql
     migration_lock: LiteralString
-    migration_unlock: LiteralString
     migration_ledger_create: LiteralString
     migration_schema_create: LiteralString
     migration_ledger_exists: LiteralString

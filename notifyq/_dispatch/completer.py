@@ -131,16 +131,21 @@ class Completer:
                  retry_for_s: float = 30.0, worker_id: str = "", lease_s: float = 30.0,
                  dsn: str | None = None,
                  on_statement: Callable[[float], None] | None = None,
-                 on_release: Callable[[], None] | None = None, lanes: int = 1) -> None:
+                 on_release: Callable[[], None] | None = None, lanes: int = 1,
+                 prepare: bool = True) -> None:
         if lanes < 1:
             raise ValueError(f"lanes must be at least 1, got {lanes}")
         self._pool = pool
         self._lanes = lanes
         # Its own connections, one per lane (the pool's when no DSN is given, or while one
         # cannot be opened): one statement in flight on each, on backends kept busy, planned
-        # once. Each is opened on first use, so a lane that never sends opens none.
+        # once. Each is opened on first use, so a lane that never sends opens none. Through a
+        # transaction pool (``prepare`` False) nothing is prepared and the session is left as
+        # it is: its settings would stay on whichever server session ran them, for other
+        # clients, and a statement planned at each run needs no generic plan.
         self._conns = [] if dsn is None else [
-            WarmConnection(dsn, application_name="notifyq-completer", configure=self._configure)
+            WarmConnection(dsn, application_name="notifyq-completer",
+                           configure=self._configure if prepare else None, prepare=prepare)
             for _ in range(lanes)]
         self._q = queries
         self._clock = clock

@@ -89,7 +89,8 @@ class Worker:
                                    lease_s=cfg.lease_s, dsn=settings.database_url,
                                    on_statement=self.claim_ahead.statement,
                                    on_release=self._wake_slots,
-                                   lanes=cfg.completer_connections)
+                                   lanes=cfg.completer_connections,
+                                   prepare=not settings.database_transaction_pooling)
         self.executor = Executor(registry, self.completer, clock,
                                  thread_limiter=anyio.CapacityLimiter(concurrency), db=db,
                                  queries=queries)

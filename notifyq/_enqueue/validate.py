@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from notifyq._errors import InvalidEnqueue, PayloadTooLarge
-from notifyq._limits import JOB_TYPE, MAX_INPUT_BYTES, MAX_TAG_LEN, MAX_TAGS, RUN_AT_RANGE
+from notifyq._limits import (
+    BUILTIN_JOB_TYPES,
+    JOB_TYPE,
+    MAX_INPUT_BYTES,
+    MAX_TAG_LEN,
+    MAX_TAGS,
+    RUN_AT_RANGE,
+)
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
 
@@ -37,6 +44,16 @@ def input_encoder() -> Callable[[Any], str]:
     def encode(value: Any) -> str:
         return join(encoder(value, 0))
     return encode
+
+
+def refuse_builtin(job_types: Iterable[object]) -> None:
+    """Raise InvalidEnqueue for the first of notifyq's own job types (``BUILTIN_JOB_TYPES``)
+    among ``job_types``: those are enqueued by their features only, never by a caller."""
+    for job_type in job_types:
+        if type(job_type) is str and job_type in BUILTIN_JOB_TYPES:
+            raise InvalidEnqueue(
+                f"job type {job_type!r} is built in and enqueued by notifyq itself, with the "
+                f"checks its own API makes: {BUILTIN_JOB_TYPES[job_type]}")
 
 
 def encode_input(value: Any, max_input_bytes: int = MAX_INPUT_BYTES,

@@ -145,7 +145,7 @@ class RequireToken:
 
     async def __call__(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path.startswith("/v1/") and not path.startswith(_PUBLIC):
+        if path.startswith("/v1/") and not path.startswith(PUBLIC_PATHS):
             header = dict(scope.get("headers") or []).get(b"authorization", b"")
             token = self.auth.authenticate(header.decode("latin-1"))
             if isinstance(token, str):
@@ -159,4 +159,5 @@ class RequireToken:
 
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="notifyq"'}
-_PUBLIC = ("/v1/openapi.json", "/v1/docs")
+PUBLIC_PATHS = ("/v1/openapi.json", "/v1/docs")
+"""The ``/v1`` paths that need no token (and take no body)."""

@@ -33,8 +33,8 @@ log = logging.getLogger("notifyq.api")
 MEDIA_TYPE = "application/problem+json"
 
 TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-          405: "Method Not Allowed", 409: "Conflict", 413: "Content Too Large",
-          415: "Unsupported Media Type", 422: "Unprocessable Content",
+          405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict",
+          413: "Content Too Large", 415: "Unsupported Media Type", 422: "Unprocessable Content",
           500: "Internal Server Error", 503: "Service Unavailable"}
 
 # The database went away (or never came): a 503 the client may retry, not a bug.

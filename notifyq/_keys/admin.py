@@ -141,7 +141,7 @@ class KeyAdmin:
                         f"before rotating to version {target}")
                 return await self._control.get(conn, active["run_id"]), False
             run, _ = await self._enqueuer.enqueue(
-                EnqueueRequest(job_type=REENCRYPT, input=options), conn=conn)
+                EnqueueRequest(job_type=REENCRYPT, input=options), conn=conn, builtin=True)
             await conn.execute(q.key_rotation_register, {
                 "run_id": run.id, "target_version": target, "now": None})
         return run, True

@@ -4,11 +4,15 @@ Every process that holds a keyring (a worker, ``serve --no-worker``, the CLI, a 
 ``app.keyring`` or ``app.webhooks``) runs it before its first encrypt or decrypt, and again once
 ``key_check_interval_s`` has passed since the last one succeeded. One check:
 
-1. reads ``key_version``; records the check value of each configured version the table does
-   not hold yet (nothing is written when all are known, so a read-only route stays read-only);
-2. refuses (``ConfigError``) a configured key whose check value differs from the recorded one,
-   and an active version that is retired; loads the retired versions into the keyring (they no
-   longer decrypt);
+1. reads ``key_version`` and refuses (``ConfigError``) a configured key whose check value
+   differs from the recorded one, and an active version that is retired; loads the retired
+   versions into the keyring (they no longer decrypt);
+2. only then records the check value of each configured version the table does not hold yet,
+   and verifies again in the same transaction (a process that started meanwhile may have
+   recorded another key under the same new version: the refusal rolls ours back). A refused
+   check writes nothing: recording first let ``1:<wrong>,2:<new>`` store 2's check value before
+   1 was refused, and the right deployment with another key 2 was refused after it. Nothing
+   is written when all versions are known, so a read-only route stays read-only;
 3. records in ``encrypted_column`` the columns this process registered that it has not recorded
    yet, so ``keys status``, ``rotate`` and ``retire`` count them in every process.
 
@@ -71,12 +75,13 @@ class KeyCheck:
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(self._q.key_version_list)
             rows = await cur.fetchall()
+            self._verify(rows)  # a wrong known key is refused before anything is recorded
             insert = self._missing_versions(rows)
             if insert is not None:
-                await cur.execute(*insert)
-                await cur.execute(self._q.key_version_list)
-                rows = await cur.fetchall()
-            self._verify(rows)
+                async with conn.transaction():
+                    await cur.execute(*insert)
+                    await cur.execute(self._q.key_version_list)
+                    self._verify(await cur.fetchall())  # another process's, recorded meanwhile
             pending, record = self._unrecorded()
             if record is not None:
                 await cur.execute(*record)
@@ -86,12 +91,13 @@ class KeyCheck:
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(self._q.key_version_list)
             rows = cur.fetchall()
+            self._verify(rows)
             insert = self._missing_versions(rows)
             if insert is not None:
-                cur.execute(*insert)
-                cur.execute(self._q.key_version_list)
-                rows = cur.fetchall()
-            self._verify(rows)
+                with conn.transaction():
+                    cur.execute(*insert)
+                    cur.execute(self._q.key_version_list)
+                    self._verify(cur.fetchall())
             pending, record = self._unrecorded()
             if record is not None:
                 cur.execute(*record)

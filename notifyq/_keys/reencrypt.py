@@ -103,6 +103,14 @@ class Reencryptor:
         except ValidationError as exc:
             problem = exc.errors(include_input=False)[0]["msg"]
             raise Permanent(ValueError(f"bad {REENCRYPT} input: {problem}")) from None
+        async with self._rt.connection() as conn:
+            cur = await conn.execute(self._rt.queries.key_rotation_get, {"run_id": ctx.run.id})
+            rotation = await cur.fetchone()
+        if rotation is None or rotation["target_version"] != options.target_version:
+            raise Permanent(ValueError(
+                f"run {ctx.run.id} was not started by a key rotation to version "
+                f"{options.target_version}: {REENCRYPT} runs are enqueued by app.keys.rotate, "
+                "POST /v1/admin/rotate-key or `notifyq keys rotate` only; refused"))
         return await self.rotate(ctx.run.id, options)
 
     async def rotate(self, run_id: UUID, options: ReencryptOptions) -> dict[str, Any]:

@@ -23,6 +23,9 @@ from jinja2 import Environment
 from notifyq._ui.session import COOKIE, Sessions, Viewer, same_csrf
 
 MAX_FORM_BYTES = 64 * 1024
+"""The largest form of a signed-in session (a bulk action's selection of runs)."""
+SIGN_IN_FORM_BYTES = 4096
+"""The sign-in form: a token, the form's nonce and where to go next."""
 
 # Every script and style comes from this server (htmx's eval-based features are off, see
 # base.html): an injected <script> or inline handler cannot run even if escaping failed.
@@ -95,6 +98,18 @@ class Ui:
         viewer = self.sessions.open(request.cookies.get(COOKIE), time.time())
         return self.page(request, viewer, "problem.html", status=problem.status,
                          problem=problem)
+
+
+def form_limit(sessions: Sessions, method: str, path: str, cookie: str | None) -> int:
+    """The largest request body the dashboard takes at ``path`` (below ``/ui``): the sign-in
+    form from anyone, other forms from a signed-in session only, nothing else (pages are
+    GETs). The API's ``BodyLimit`` enforces it before anything reads the body: a stranger's
+    POST costs a small form at most."""
+    if method != "POST":
+        return 0
+    if path == "/signin":
+        return SIGN_IN_FORM_BYTES
+    return MAX_FORM_BYTES if sessions.open(cookie, time.time()) is not None else 0
 
 
 def _signed_in(request: Request) -> Viewer:

@@ -50,6 +50,7 @@ from notifyq._webhooks.client import AttemptResult
 from notifyq._webhooks.endpoints import RESERVED_HEADERS
 from notifyq._webhooks.headers import unseal
 from notifyq._webhooks.schedule import Decision, decide
+from notifyq._webhooks.shares import Shares
 from notifyq._webhooks.signing import secret_key, signature_header
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ class Deliverer:
             self._record_many, split_on=(psycopg.IntegrityError, psycopg.DataError,
                                          psycopg.errors.DeadlockDetected))
         self._prefetched: dict[tuple[str, UUID], Any] = {}
+        self._shares = Shares(runtime.settings.webhooks)
         self.observer: Callable[[str], None] | None = None
         """Called with each attempt's outcome (``2xx``..``5xx`` or the error kind)."""
 
@@ -159,6 +161,11 @@ class Deliverer:
         if row is None:
             raise Permanent(WebhookNotFound(
                 f"no delivery of message {message_id} to endpoint {endpoint_id}"))
+        if run_id is not None and not await self._own_run(row, run_id, scheduled):
+            raise Permanent(ValueError(
+                f"run {run_id} is not notifyq's {trigger} delivery of message {message_id} to "
+                f"endpoint {endpoint_id}: webhook.deliver runs are enqueued by webhooks' send, "
+                "resend and recover only; refused"))
         skipped = self._skip_reason(row, scheduled)
         if skipped is not None:
             if scheduled:
@@ -201,6 +208,19 @@ class Deliverer:
             app.settings.webhooks.retry_schedule_s), app.settings.webhooks, now, self._rng)
         return await self._record(row, run_id=run_id, trigger=trigger, attempt=attempt,
                                   timestamp=timestamp, result=result, decision=decision)
+
+    async def _own_run(self, row: dict[str, Any], run_id: UUID, scheduled: bool) -> bool:
+        """Whether ``run_id`` is a run notifyq enqueued for this delivery: a scheduled attempt
+        is the delivery's own run (``send``, ``recover``); a manual one a ``resend`` of this
+        message (its trigger_ref, and no tenant). The edges refuse built-in types
+        (``BUILTIN_JOB_TYPES``); this holds against a run that got in another way."""
+        if scheduled:
+            return bool(row["run_id"] == run_id)
+        app = self._rt
+        async with (await app.pool()).connection() as conn:
+            run = await (await conn.execute(app.queries.job_run_get, {"id": run_id})).fetchone()
+        return run is not None and run["trigger_ref"] == row["message_id"] and (
+            run["tenant_id"] is None)
 
     async def _post(self, row: dict[str, Any], keyring: Keyring, keys: list[bytes],
                     timestamp: int) -> AttemptResult:
@@ -253,15 +273,18 @@ class Deliverer:
         app = self._rt
         params: dict[str, Any] = {plural: [i[name] for i in items]
                                   for name, plural in _RECORD_COLUMNS.items()}
-        settings = app.settings.webhooks
-        params.update(now=app.clock.db_now(), breaker_failures=settings.breaker_failures,
-                      breaker_cooldown_s=settings.breaker_cooldown_s,
-                      share_start=settings.endpoint_concurrency,
-                      share_max=settings.endpoint_concurrency_max,
-                      slow_ms=settings.endpoint_slow_s * 1000)
+        params.update(now=app.clock.db_now(),
+                      breaker_failures=app.settings.webhooks.breaker_failures,
+                      breaker_cooldown_s=app.settings.webhooks.breaker_cooldown_s)
+        changing = self._shares.changes(items)
         async with (await app.pool()).connection() as conn:
             rows = await (await conn.execute(app.queries.webhook_attempt_record_many,
                                              params)).fetchall()
+            if changing is not None:
+                resized = await (await conn.execute(
+                    app.queries.key_concurrency_resize,
+                    self._shares.params(changing, params["now"]))).fetchall()
+                self._shares.learned(changing, resized)
         found = {row["ord"]: (row["failing_since"], row["circuit_open_until"]) for row in rows}
         return [found.get(n, (None, None)) for n in range(1, len(items) + 1)]
 

@@ -71,8 +71,11 @@ async def _ledger_pool() -> AsyncConnectionPool[Any]:
         _pool_lock = anyio.Lock()
     async with _pool_lock:
         if _pool is None:
+            # FAULTS_LEDGER_DSN: the ledger straight to PostgreSQL when notifyq goes through a
+            # pool under test (tests/chaos/test_pgbouncer_restart.py).
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                os.environ["NOTIFYQ_DATABASE_URL"], min_size=1,
+                os.environ.get("FAULTS_LEDGER_DSN") or os.environ["NOTIFYQ_DATABASE_URL"],
+                min_size=1,
                 max_size=int(os.environ.get("FAULTS_LEDGER_POOL", "3")),
                 kwargs={"autocommit": True, "application_name": "notifyq-test-ledger"},
                 open=False, timeout=30.0)

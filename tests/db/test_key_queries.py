@@ -77,6 +77,15 @@ def test_rotations_are_found_while_active_and_the_latest_is_reported(db: Conn,
         run["id"], 2, "completed")
 
 
+def test_a_rotation_is_found_by_its_run_and_an_unregistered_run_is_not(db: Conn,
+                                                                      q: Queries) -> None:
+    run = enqueue(db, q, "secret.reencrypt", {"target_version": 2})
+    assert db.execute(q.key_rotation_get, {"run_id": run["id"]}).fetchone() is None
+    db.execute(q.key_rotation_register, {"run_id": run["id"], "target_version": 2, "now": T0})
+    assert db.execute(q.key_rotation_get, {"run_id": run["id"]}).fetchone() == {
+        "run_id": run["id"], "target_version": 2}
+
+
 def test_progress_starts_once_checkpoints_passes_and_finishes(db: Conn, q: Queries) -> None:
     run = enqueue(db, q, "secret.reencrypt", {"target_version": 2})
     db.execute(q.key_rotation_register, {"run_id": run["id"], "target_version": 2, "now": T0})

@@ -91,26 +91,25 @@ async def test_a_ledger_row_from_a_newer_notifyq_is_refused(migrated: AConn) -> 
 
 
 async def test_migration_queries_lock_record_and_list(migrated: AConn, q: Queries) -> None:
-    await migrated.execute(q.migration_lock, {"schema_name": "notifyq"})
-    try:
+    advisory = ("SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND pid = "
+                "pg_backend_pid()")
+    async with migrated.transaction():
+        await migrated.execute(q.migration_lock, {"schema_name": "notifyq"})
+        cur = await migrated.execute(advisory)
+        assert await cur.fetchone() == {"n": 1}
         await migrated.execute(q.migration_schema_create)
         await migrated.execute(q.migration_ledger_create)
         cur = await migrated.execute(q.migration_ledger_exists, {"schema_name": "notifyq"})
         assert await cur.fetchone() == {"exists": True}
-        async with migrated.transaction():
-            await migrated.execute(q.migration_search_path_set, {"schema_name": "notifyq"})
-            cur = await migrated.execute("SHOW search_path")
-            assert await cur.fetchone() == {"search_path": "notifyq, public"}
-            await migrated.execute(q.migration_record, {"version": 9999, "name": "x",
-                                                        "checksum": "c"})
-        cur = await migrated.execute(q.migration_applied_list)
-        shipped = [m.version for m in migrations.available()]
-        assert [r["version"] for r in await cur.fetchall()] == [*shipped, 9999]
-    finally:
-        await migrated.execute(q.migration_unlock, {"schema_name": "notifyq"})
-    cur = await migrated.execute(
-        "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND pid = "
-        "pg_backend_pid()")
+        await migrated.execute(q.migration_search_path_set, {"schema_name": "notifyq"})
+        cur = await migrated.execute("SHOW search_path")
+        assert await cur.fetchone() == {"search_path": "notifyq, public"}
+        await migrated.execute(q.migration_record, {"version": 9999, "name": "x",
+                                                    "checksum": "c"})
+    cur = await migrated.execute(q.migration_applied_list)
+    shipped = [m.version for m in migrations.available()]
+    assert [r["version"] for r in await cur.fetchall()] == [*shipped, 9999]
+    cur = await migrated.execute(advisory)  # released with the transaction
     assert await cur.fetchone() == {"n": 0}
 
 

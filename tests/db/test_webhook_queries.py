@@ -52,8 +52,7 @@ def _attempt(message_id: str, endpoint_id: Any, *, succeeded: bool, status: str 
 
 def _record_many(db: Conn, q: Queries, attempts: list[dict[str, Any]],
                  now: Any, *, breaker_failures: int = 0,
-                 breaker_cooldown_s: float = 60.0, share_start: int = 5,
-                 share_max: int = 100, slow_ms: float = 5000.0) -> list[Any]:
+                 breaker_cooldown_s: float = 60.0) -> list[Any]:
     """Each attempt's failing_since, in order (the circuit breaker off unless given)."""
     columns = {"message_id": "message_ids", "endpoint_id": "endpoint_ids",
                "run_id": "run_ids", "trigger": "triggers", "attempt": "attempts",
@@ -67,8 +66,7 @@ def _record_many(db: Conn, q: Queries, attempts: list[dict[str, Any]],
                               for name, plural in columns.items()}
     rows = db.execute(q.webhook_attempt_record_many, {
         **params, "now": now, "breaker_failures": breaker_failures,
-        "breaker_cooldown_s": breaker_cooldown_s, "share_start": share_start,
-        "share_max": share_max, "slow_ms": slow_ms}).fetchall()
+        "breaker_cooldown_s": breaker_cooldown_s}).fetchall()
     assert sorted(r["ord"] for r in rows) == list(range(1, len(attempts) + 1))
     return [r["failing_since"] for r in sorted(rows, key=lambda r: r["ord"])]
 
@@ -361,36 +359,19 @@ def test_header_values_are_sealed_listed_while_in_clear_and_read_back(
         "id": uuid.uuid4(), "headers": Jsonb({}), "header_values": None}).fetchone() is None
 
 
-def _share(db: Conn, endpoint_id: Any) -> int | None:
-    row = db.execute("SELECT concurrency_limit FROM notifyq.key_concurrency WHERE key = %s",
-                     (f"webhook:{endpoint_id}",)).fetchone()
-    return None if row is None else int(row["concurrency_limit"])
-
-
-def test_an_endpoints_share_grows_while_it_answers_fast_and_halves_when_it_does_not(
+def test_resizing_shares_halves_per_overload_grows_by_one_and_keeps_the_bounds(
         db: Conn, q: Queries) -> None:
-    fast, other = _endpoint(db, q), _endpoint(db, q)
-    message = _send(db, q)["message_id"]
+    def resize(**overloaded: int) -> dict[str, int]:
+        rows = db.execute(q.key_concurrency_resize, {
+            "keys": list(overloaded), "overloaded": list(overloaded.values()),
+            "share_start": 5, "share_max": 7, "now": T0}).fetchall()
+        return {r["key"]: r["concurrency_limit"] for r in rows}
 
-    def batch(*attempts: dict[str, Any], share_max: int = 7) -> None:
-        _record_many(db, q, list(attempts), T0, share_max=share_max)
-
-    ok = _attempt(message, fast, succeeded=True, status="succeeded")
-    batch(ok, ok)
-    assert _share(db, fast) == 6  # one more per batch, from share_start (5)
-    for _ in range(5):
-        batch(ok)
-    assert _share(db, fast) == 7  # and no more than share_max
-    batch(ok, _attempt(message, fast, succeeded=False, status="pending", code=429))
-    assert _share(db, fast) == 3  # halved for the 429 in the batch
-    batch(_attempt(message, fast, succeeded=False, status="pending", error_kind="timeout"),
-          _attempt(message, fast, succeeded=True, status="succeeded", duration_ms=6000.0))
-    assert _share(db, fast) == 1  # halved twice: a timeout and an answer slower than 5 s
-    batch(_attempt(message, fast, succeeded=False, status="pending", code=503))
-    assert _share(db, fast) == 1  # never below one
-    batch(_attempt(message, other, succeeded=False, status="pending", code=500),
-          _attempt(message, other, succeeded=False, status="pending", code=404))
-    assert _share(db, other) is None  # the receiver's own errors say nothing of its load
-    batch(_attempt(message, other, succeeded=False, status=None, counted=0,
-                   error_kind="timeout"))
-    assert _share(db, other) is None  # a manual resend neither
+    assert resize(a=0, b=1) == {"a": 6, "b": 2}  # from the start (5): +1, halved
+    assert resize(a=0) == {"a": 7}
+    assert resize(a=0) == {}  # at the ceiling: nothing written
+    assert resize(a=2, b=1) == {"a": 1, "b": 1}  # halved twice; halved once
+    assert resize(b=3) == {}  # never below 1
+    row = db.execute("SELECT concurrency_limit, updated_at FROM notifyq.key_concurrency "
+                     "WHERE key = 'a'").fetchone()
+    assert row == {"concurrency_limit": 1, "updated_at": T0}

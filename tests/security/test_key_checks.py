@@ -175,3 +175,67 @@ async def test_retire_over_http_against_serve_without_the_app_is_refused_while_r
     assert "public.vault_a.secret: 2" in response.text
     assert sql.execute("SELECT retired_at FROM notifyq.key_version WHERE version = 1"
                        ).fetchone() == (None,)
+
+
+KEY_TABLE = "SELECT version, check_value, first_seen_at, retired_at FROM notifyq.key_version " \
+            "ORDER BY version"
+
+
+async def test_a_start_refused_for_a_wrong_known_key_records_no_new_version(
+        dsn: str, sql: Sql, tmp_path: Path) -> None:
+    """Issue 31, item 4: with rows under version 1, ``serve`` started with
+    ``1:<wrong>,2:<new>`` is refused, and the key table is as it was: recording 2's check
+    value first (the old order) refused the right deployment's own key 2 afterwards."""
+    vault.fill(sql, vault.keyring(1, active=1), 3, 0)
+    first = vault.vault_app(dsn, 1, active=1)
+    async with first, (await first.pool()).connection() as conn:
+        await first.keys.sync(conn)
+    before = sql.execute(KEY_TABLE).fetchall()
+    assert [row[0] for row in before] == [1]
+    env = {"NOTIFYQ_KEYS": f"1:{WRONG_KEY},2:{vault.b64(vault.KEY3)}",
+           "NOTIFYQ_ACTIVE_KEY_VERSION": "2"}
+    served = Served(dsn, tmp_path / "serve.log", env=env, wait=False)
+    try:
+        assert served.proc.wait(30) != 0, served.log()
+    finally:
+        served.kill()
+    assert "key version 1 does not match the key that encrypted existing data" in served.log()
+    assert WRONG_KEY not in served.log()
+    after = sql.execute(KEY_TABLE).fetchall()
+    assert [row[0] for row in after] == [1]  # was [1, 2]: 2's check value of the wrong start
+    assert after == before
+    # the right deployment, with its own key under version 2, starts
+    right = vault.vault_app(dsn, 1, 2, active=2)
+    async with right, (await right.pool()).connection() as conn:
+        await right.keys.sync(conn)
+    assert [row[0] for row in sql.execute(KEY_TABLE).fetchall()] == [1, 2]
+
+
+async def test_a_version_recorded_meanwhile_with_another_key_refuses_and_rolls_back_ours(
+        dsn: str, sql: Sql) -> None:
+    """The check reads, verifies, then records what is new and verifies again in the same
+    transaction: a version another process recorded meanwhile under another key is refused,
+    and the versions this check recorded with it are rolled back."""
+    first = vault.vault_app(dsn, 1, active=1)
+    async with first, (await first.pool()).connection() as conn:
+        await first.keys.sync(conn)
+    app = App(settings=fast_settings(
+        dsn, keys=f"1:{vault.b64(vault.KEY1)},2:{vault.b64(vault.KEY2)},3:{WRONG_KEY}",
+        active_key_version=2))
+    # what a concurrent start records between this check's read and its insert
+    racer = vault.keyring(1, 3, active=3).check_values()[3]
+    async with app, (await app.pool()).connection() as conn:
+        app.keyring  # noqa: B018 - builds the keyring and its check
+        check = app._runtime._key_check
+        assert check is not None
+        original = check._missing_versions
+
+        def raced(rows: Any) -> Any:
+            sql.execute("INSERT INTO notifyq.key_version (version, check_value) VALUES (3, %s)",
+                        (racer,))
+            return original(rows)
+
+        check._missing_versions = raced  # type: ignore[method-assign]
+        with pytest.raises(ConfigError, match="key version 3 does not match"):
+            await app.keys.sync(conn)
+    assert [row[0] for row in sql.execute(KEY_TABLE).fetchall()] == [1, 3]

@@ -12,7 +12,7 @@ import anyio
 import httpx
 import pytest
 
-from notifyq import App
+from notifyq import App, WebhookMessage
 from notifyq._api.app import ServiceState, create_api
 from notifyq._clock import ManualClock
 from notifyq._errors import Snooze
@@ -212,3 +212,33 @@ async def test_a_busy_healthy_endpoint_is_not_held_to_its_limit_per_poll(
                     await app.webhooks.send("order.paid", {"n": n}, endpoint_id=ep.id,
                                             conn=conn)
             await eventually(_arrived(receiver, "/busy", 10), timeout=10)
+
+
+async def test_a_fast_endpoints_share_grows_and_a_throttling_ones_halves(
+        dsn: str, receiver: Receiver) -> None:
+    app = App(settings=webhook_settings(dsn, endpoint_concurrency=3))
+    receiver.script("/throttle", *[Reply(429)] * 10)
+    async with app:
+        fast = await app.webhooks.create_endpoint(receiver.url("/fast"))
+        slow = await app.webhooks.create_endpoint(receiver.url("/throttle"))
+        async with running(app, concurrency=20, pools=["webhooks"]):
+            await app.webhooks.send_many([WebhookMessage("a.b", {"n": n}, endpoint_id=fast.id)
+                                          for n in range(300)]
+                                         + [WebhookMessage("a.b", {}, endpoint_id=slow.id)] * 4)
+            await eventually(_arrived_n(receiver, "/fast", 300), timeout=30)
+            await eventually(_arrived_n(receiver, "/throttle", 2), timeout=10)
+
+            async def shares() -> dict[str, int]:
+                rows = await fetch(app, "SELECT key, concurrency_limit FROM "
+                                        "notifyq.key_concurrency")
+                found = {r["key"]: r["concurrency_limit"] for r in rows}
+                assert found.get(f"webhook:{slow.id}") == 1, found  # 3 -> 1 after two 429s
+                return found
+            found = await eventually(shares, timeout=10)
+    assert found[f"webhook:{fast.id}"] > 3  # grown past its start by fast answers
+
+
+def _arrived_n(receiver: Receiver, path: str, n: int) -> Any:
+    async def check() -> None:
+        assert len(receiver.at(path)) >= n
+    return check

@@ -1,0 +1,24 @@
+-- Named queries of key_concurrency (migration 0021): a concurrency key's current limit, which
+-- the keyed claim reads instead of the one its runs were enqueued with.
+
+-- name: key_concurrency_resize
+-- Adaptive shares (webhooks: one key per endpoint): per key, `overloaded` attempts halve its
+-- limit once each (down to 1); none, it grows by one (up to `share_max`). A key without a row
+-- starts from `share_start`. Read and written in one statement; two workers resizing one key at
+-- once may each apply their change to the same old value (a share is a heuristic, not a count).
+-- Returns each key's limit after.
+WITH r AS (
+    SELECT u.key, CASE WHEN u.overloaded > 0
+                       THEN greatest(1, c.share >> least(u.overloaded, 30))
+                       ELSE least(%(share_max)s::integer, c.share + 1) END AS share
+    FROM unnest(%(keys)s::text[], %(overloaded)s::integer[]) AS u(key, overloaded)
+    LEFT JOIN {schema}.key_concurrency k ON k.key = u.key
+    CROSS JOIN LATERAL (SELECT coalesce(k.concurrency_limit, %(share_start)s::integer) AS share) c
+    ORDER BY u.key
+)
+INSERT INTO {schema}.key_concurrency AS kc (key, concurrency_limit, updated_at)
+SELECT r.key, r.share, coalesce(%(now)s::timestamptz, now()) FROM r
+ON CONFLICT (key) DO UPDATE
+SET concurrency_limit = excluded.concurrency_limit, updated_at = excluded.updated_at
+WHERE kc.concurrency_limit <> excluded.concurrency_limit
+RETURNING key, concurrency_limit
