@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -149,10 +150,12 @@ def _test_ca(directory: Path) -> tuple[Path, Path]:
 # -- databases and CPU -------------------------------------------------------------------------
 
 def recreate(admin: str, database: str) -> str:
+    """A fresh database; its URL (asyncpg, the baseline's driver, reads only URLs)."""
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{database}"')
-    return psycopg.conninfo.make_conninfo(admin, dbname=database)
+    url = urllib.parse.urlsplit(admin)
+    return urllib.parse.urlunsplit(url._replace(path=f"/{database}"))
 
 
 def drop(admin: str, database: str) -> None:

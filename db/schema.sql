@@ -290,77 +290,59 @@ DECLARE
     types_paused boolean;
     used      integer;
     step      bigint;
-    keys_     text[];
-    limits_   integer[];
 BEGIN
     IF EXISTS (SELECT FROM pause WHERE kind = 'pool' AND name = p_pool) THEN
         RETURN;
     END IF;
     types_paused := EXISTS (SELECT FROM pause WHERE kind = 'type');
-    -- Concurrency keys, in four statements however many keys there are (three or four per key
-    -- before): the keys with due runs, each with its limit; those no other claim is deciding
-    -- right now (a try-lock: skipped, never waited for); what each has free, counted after
-    -- the locks so that a claim that committed meanwhile counts; and one claim of every key's
-    -- free share, the keys in the order of their head runs.
-    SELECT array_agg(h.key ORDER BY h.priority, h.run_at),
-           array_agg(h.lim ORDER BY h.priority, h.run_at)
-    INTO keys_, limits_
-    FROM (
-        -- the distinct keys by a skip scan of job_run_claim_keyed_idx, each with its head
-        -- run and its limit (key_concurrency's, else the head's)
-        WITH RECURSIVE keys(key) AS (
-            (SELECT concurrency_key FROM job_run
-             WHERE status = 'pending' AND pool = p_pool AND concurrency_key IS NOT NULL
-             ORDER BY concurrency_key LIMIT 1)
-            UNION ALL
-            SELECT (SELECT concurrency_key FROM job_run
-                    WHERE status = 'pending' AND pool = p_pool AND concurrency_key IS NOT NULL
-                      AND concurrency_key > keys.key
-                    ORDER BY concurrency_key LIMIT 1)
-            FROM keys WHERE keys.key IS NOT NULL
-        )
-        SELECT keys.key, head.priority, head.run_at,
-               coalesce(kc.concurrency_limit, head.concurrency_limit, 1) AS lim
-        FROM (SELECT key FROM keys WHERE key IS NOT NULL LIMIT 1000) keys
-        CROSS JOIN LATERAL (
-            SELECT j.priority, j.run_at, j.concurrency_limit FROM job_run j
-            WHERE j.status = 'pending' AND j.pool = p_pool AND j.concurrency_key = keys.key
-            ORDER BY j.priority, j.run_at, j.id
-            LIMIT 1
-        ) head
-        LEFT JOIN key_concurrency kc ON kc.key = keys.key
-        WHERE head.run_at <= now_
-    ) h;
-    IF keys_ IS NOT NULL THEN
-        SELECT array_agg(u.key ORDER BY u.n), array_agg(u.lim ORDER BY u.n)
-        INTO keys_, limits_
-        FROM unnest(keys_, limits_) WITH ORDINALITY AS u(key, lim, n)
-        WHERE pg_try_advisory_xact_lock(hashtext('notifyq.concurrency'), hashtext(u.key));
-    END IF;
-    IF keys_ IS NOT NULL THEN
-        SELECT array_agg(u.key ORDER BY u.n), array_agg(u.lim - r.running ORDER BY u.n)
-        INTO keys_, limits_
-        FROM unnest(keys_, limits_) WITH ORDINALITY AS u(key, lim, n)
-        CROSS JOIN LATERAL (SELECT count(*) AS running FROM job_run
-                            WHERE concurrency_key = u.key AND status = 'running') r
-        WHERE u.lim > r.running;
-    END IF;
-    IF keys_ IS NOT NULL AND remaining > 0 THEN
-        -- The outer LIMIT stops the nested loop, so no row beyond it is locked; the loop
-        -- follows the keys' order (an ORDER BY here would lock every key's share first).
+    -- Concurrency keys, in one statement however many keys there are (three or four
+    -- statements per key before): the keys with due runs by a skip scan of
+    -- job_run_claim_keyed_idx, each with its head run and its limit (key_concurrency's, else the
+    -- head's), due heads first; then, key after key until the claim is full, what the key has
+    -- free (_concurrency_room: a try-lock, skipped when another claim holds it, and a count of
+    -- its running runs taken after the lock) and that many of its runs. The nested loop stops
+    -- at the outer LIMIT, so no key beyond it is locked or counted and no row beyond it locked
+    -- (an ORDER BY there would lock every key's share first).
+    IF remaining > 0 THEN
         RETURN QUERY
+            WITH RECURSIVE keys(key) AS (
+                (SELECT concurrency_key FROM job_run
+                 WHERE status = 'pending' AND pool = p_pool AND concurrency_key IS NOT NULL
+                 ORDER BY concurrency_key LIMIT 1)
+                UNION ALL
+                SELECT (SELECT concurrency_key FROM job_run
+                        WHERE status = 'pending' AND pool = p_pool
+                          AND concurrency_key IS NOT NULL AND concurrency_key > keys.key
+                        ORDER BY concurrency_key LIMIT 1)
+                FROM keys WHERE keys.key IS NOT NULL
+            ), heads AS (
+                SELECT keys.key, head.priority, head.run_at,
+                       coalesce(kc.concurrency_limit, head.concurrency_limit, 1) AS lim
+                FROM (SELECT key FROM keys WHERE key IS NOT NULL LIMIT 1000) keys
+                CROSS JOIN LATERAL (
+                    SELECT j.priority, j.run_at, j.concurrency_limit FROM job_run j
+                    WHERE j.status = 'pending' AND j.pool = p_pool
+                      AND j.concurrency_key = keys.key
+                    ORDER BY j.priority, j.run_at, j.id
+                    LIMIT 1
+                ) head
+                LEFT JOIN key_concurrency kc ON kc.key = keys.key
+                WHERE head.run_at <= now_
+                ORDER BY head.priority, head.run_at
+            )
             SELECT * FROM _claim_ids(ARRAY(
                 SELECT c.id
-                FROM unnest(keys_, limits_) WITH ORDINALITY AS u(key, free, n)
+                FROM heads h
+                CROSS JOIN LATERAL (SELECT _concurrency_room(h.key, h.lim) AS free) r
                 CROSS JOIN LATERAL (
                     SELECT id FROM job_run j
-                    WHERE status = 'pending' AND pool = p_pool AND concurrency_key = u.key
+                    WHERE status = 'pending' AND pool = p_pool AND concurrency_key = h.key
                       AND run_at <= now_
                       AND (NOT types_paused
                            OR NOT EXISTS (SELECT FROM pause p
                                           WHERE p.kind = 'type' AND p.name = j.job_type))
                     ORDER BY priority, run_at, id
-                    LIMIT u.free
+                    LIMIT r.free
                     FOR UPDATE SKIP LOCKED) c
                 LIMIT remaining), p_worker_id, p_lease_s, now_);
         GET DIAGNOSTICS claimed = ROW_COUNT;
@@ -438,6 +420,23 @@ BEGIN
                           GROUP BY b) z);
         END IF;
     END LOOP;
+END
+$$;
+
+--
+-- Name: _concurrency_room(text, integer); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._concurrency_room(p_key text, p_limit integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtext('notifyq.concurrency'), hashtext(p_key)) THEN
+        RETURN 0;
+    END IF;
+    RETURN greatest(0, p_limit - (SELECT count(*)::integer FROM job_run
+                                  WHERE concurrency_key = p_key AND status = 'running'));
 END
 $$;
 
