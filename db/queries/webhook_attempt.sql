@@ -120,3 +120,40 @@ SELECT run_id, count(*)::integer AS n
 FROM {schema}.webhook_attempt
 WHERE message_id = ANY (%(message_ids)s::text[]) AND run_id = ANY (%(run_ids)s::uuid[])
 GROUP BY run_id
+
+-- name: webhook_attempt_record_succeeded
+-- The record of a batch of successful attempts, the common case, lighter than
+-- webhook_attempt_record_many (no aggregation per delivery or endpoint, no answer to read
+-- back): the attempt rows; each delivery succeeded (a scheduled attempt counted); and the
+-- endpoints that were failing get their streak and circuit cleared, the others are not
+-- touched (their rows locked in id order, as the full record locks them).
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+v AS (
+    SELECT * FROM unnest(%(message_ids)s::text[], %(endpoint_ids)s::uuid[], %(run_ids)s::uuid[],
+                         %(triggers)s::text[], %(attempts)s::integer[],
+                         %(webhook_timestamps)s::bigint[], %(urls)s::text[],
+                         %(status_codes)s::integer[], %(durations_ms)s::float8[],
+                         %(response_bodies)s::text[], %(response_truncated)s::boolean[],
+                         %(counted)s::integer[])
+         AS v(message_id, endpoint_id, run_id, trigger, attempt, webhook_timestamp, url,
+              status_code, duration_ms, response_body, response_truncated, counted)
+), attempt AS (
+    INSERT INTO {schema}.webhook_attempt (
+        message_id, endpoint_id, run_id, trigger, attempt, webhook_timestamp, url, status_code,
+        duration_ms, response_body, response_truncated, created_at)
+    SELECT v.message_id, v.endpoint_id, v.run_id, v.trigger, v.attempt, v.webhook_timestamp,
+           v.url, v.status_code, v.duration_ms, v.response_body, v.response_truncated, n.now
+    FROM v, n
+), delivery AS (
+    UPDATE {schema}.webhook_delivery d
+    SET status = 'succeeded', attempts = d.attempts + v.counted,
+        last_status_code = v.status_code, last_error = NULL, last_attempt_at = n.now,
+        updated_at = n.now
+    FROM v, n
+    WHERE d.message_id = v.message_id AND d.endpoint_id = v.endpoint_id
+)
+UPDATE {schema}.webhook_endpoint e
+SET failing_since = NULL, consecutive_failures = 0, circuit_open_until = NULL
+WHERE e.id = ANY (%(endpoint_ids)s::uuid[])
+  AND (e.failing_since IS NOT NULL OR e.consecutive_failures > 0
+       OR e.circuit_open_until IS NOT NULL)

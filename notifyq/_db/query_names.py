@@ -141,6 +141,7 @@ class QueryNames:
     webhook_attempt_record_many: LiteralString
     webhook_attempt_list: LiteralString
     webhook_attempt_count_by_run: LiteralString
+    webhook_attempt_record_succeeded: LiteralString
 
     # db/queries/webhook_delivery.sql
     webhook_delivery_list: LiteralString

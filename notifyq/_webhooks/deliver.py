@@ -74,6 +74,10 @@ _RECORD_COLUMNS = {
     "response_truncated": "response_truncated", "next_attempt_at": "next_attempt_ats",
     "delivery_status": "delivery_statuses", "counted": "counted", "succeeded": "succeeded"}
 """Each attempt's field -> the array parameter of ``webhook_attempt_record_many``."""
+_SUCCEEDED_COLUMNS = {name: plural for name, plural in _RECORD_COLUMNS.items()
+                      if name not in ("error_kind", "error", "next_attempt_at",
+                                      "delivery_status", "succeeded")}
+"""... and of ``webhook_attempt_record_succeeded``."""
 _STATUS_AFTER = {"succeeded": "succeeded", "retry": "pending", "failed": "failed",
                  "gone": "failed"}
 PROBE_MARGIN_S = 5.0
@@ -110,6 +114,10 @@ class Deliverer:
         self._records: Batcher[dict[str, Any], _Streak] = Batcher(
             self._record_many, split_on=(psycopg.IntegrityError, psycopg.DataError,
                                          psycopg.errors.DeadlockDetected))
+        # Successes, the common case, are recorded by a lighter statement of their own.
+        self._successes: Batcher[dict[str, Any], _Streak] = Batcher(
+            self._record_succeeded_many, split_on=(psycopg.IntegrityError, psycopg.DataError,
+                                                   psycopg.errors.DeadlockDetected))
         self._prefetched: dict[tuple[str, UUID], Any] = {}
         self._shares = Shares(runtime.settings.webhooks)
         self.observer: Callable[[str], None] | None = None
@@ -281,12 +289,26 @@ class Deliverer:
             rows = await (await conn.execute(app.queries.webhook_attempt_record_many,
                                              params)).fetchall()
             if changing is not None:
-                resized = await (await conn.execute(
-                    app.queries.key_concurrency_resize,
-                    self._shares.params(changing, params["now"]))).fetchall()
-                self._shares.learned(changing, resized)
+                await self._resize(conn, changing, params["now"])
         found = {row["ord"]: (row["failing_since"], row["circuit_open_until"]) for row in rows}
         return [found.get(n, (None, None)) for n in range(1, len(items) + 1)]
+
+    async def _record_succeeded_many(self, items: list[dict[str, Any]]) -> list[_Streak]:
+        app = self._rt
+        params: dict[str, Any] = {plural: [i[name] for i in items]
+                                  for name, plural in _SUCCEEDED_COLUMNS.items()}
+        params["now"] = app.clock.db_now()
+        changing = self._shares.changes(items)
+        async with (await app.pool()).connection() as conn:
+            await conn.execute(app.queries.webhook_attempt_record_succeeded, params)
+            if changing is not None:
+                await self._resize(conn, changing, params["now"])
+        return [(None, None)] * len(items)
+
+    async def _resize(self, conn: Any, changing: dict[UUID, int], now: Any) -> None:
+        resized = await (await conn.execute(self._rt.queries.key_concurrency_resize,
+                                            self._shares.params(changing, now))).fetchall()
+        self._shares.learned(changing, resized)
 
     @staticmethod
     def _skip_reason(row: dict[str, Any], scheduled: bool) -> str | None:
@@ -344,7 +366,8 @@ class Deliverer:
             next_at = now + timedelta(seconds=decision.delay_s)
         outcome = (f"HTTP {result.status_code}" if result.status_code is not None
                    else f"{result.error_kind}: {result.error}")
-        failing_since, open_until = await self._records.submit({
+        records = self._successes if result.succeeded else self._records
+        failing_since, open_until = await records.submit({
             "message_id": row["message_id"], "endpoint_id": row["endpoint_id"],
             "run_id": run_id, "trigger": trigger, "attempt": attempt,
             "webhook_timestamp": timestamp, "url": row["url"],

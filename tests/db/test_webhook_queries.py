@@ -375,3 +375,36 @@ def test_resizing_shares_halves_per_overload_grows_by_one_and_keeps_the_bounds(
     row = db.execute("SELECT concurrency_limit, updated_at FROM notifyq.key_concurrency "
                      "WHERE key = 'a'").fetchone()
     assert row == {"concurrency_limit": 1, "updated_at": T0}
+
+
+def test_recording_successes_clears_only_a_failing_endpoints_streak(db: Conn, q: Queries) -> None:
+    healthy, failing = _endpoint(db, q), _endpoint(db, q)
+    first, second = _send(db, q)["message_id"], _send(db, q)["message_id"]
+    _record_many(db, q, [_attempt(first, failing, succeeded=False, status="pending")] * 2, T0,
+                 breaker_failures=2)
+    before = db.execute("SELECT xmin::text AS x FROM notifyq.webhook_endpoint WHERE id = %s",
+                        (healthy,)).fetchone()
+    pairs = [(first, healthy), (second, healthy), (first, failing)]
+    db.execute(q.webhook_attempt_record_succeeded, {
+        "message_ids": [m for m, _ in pairs], "endpoint_ids": [e for _, e in pairs],
+        "run_ids": [None] * 3, "triggers": ["scheduled"] * 3, "attempts": [1] * 3,
+        "webhook_timestamps": [1] * 3, "urls": ["u"] * 3, "status_codes": [204] * 3,
+        "durations_ms": [2.0] * 3, "response_bodies": [""] * 3,
+        "response_truncated": [False] * 3, "counted": [1] * 3, "now": T0})
+    rows = db.execute("SELECT id, failing_since, consecutive_failures, circuit_open_until, "
+                      "xmin::text AS x FROM notifyq.webhook_endpoint").fetchall()
+    state = {r["id"]: r for r in rows}
+    assert (state[failing]["failing_since"], state[failing]["consecutive_failures"],
+            state[failing]["circuit_open_until"]) == (None, 0, None)
+    assert state[healthy]["x"] == before["x"]  # untouched: no write to a healthy endpoint
+    deliveries = db.execute("SELECT message_id, endpoint_id, status, attempts, "
+                            "last_status_code FROM notifyq.webhook_delivery").fetchall()
+    assert {(d["message_id"], d["endpoint_id"]): (d["status"], d["attempts"],
+                                                  d["last_status_code"])
+            for d in deliveries} == {(first, healthy): ("succeeded", 1, 204),
+                                     (second, healthy): ("succeeded", 1, 204),
+                                     (first, failing): ("succeeded", 3, 204),
+                                     (second, failing): ("pending", 0, None)}
+    codes = db.execute("SELECT status_code FROM notifyq.webhook_attempt WHERE status_code = 204"
+                       ).fetchall()
+    assert len(codes) == 3
