@@ -396,6 +396,7 @@ def test_recording_successes_clears_only_a_failing_endpoints_streak(db: Conn, q:
     state = {r["id"]: r for r in rows}
     assert (state[failing]["failing_since"], state[failing]["consecutive_failures"],
             state[failing]["circuit_open_until"]) == (None, 0, None)
+    assert before is not None
     assert state[healthy]["x"] == before["x"]  # untouched: no write to a healthy endpoint
     deliveries = db.execute("SELECT message_id, endpoint_id, status, attempts, "
                             "last_status_code FROM notifyq.webhook_delivery").fetchall()
