@@ -37,6 +37,7 @@ from notifyq._webhooks.endpoints import (
     MAX_URL_LENGTH,
 )
 from notifyq._webhooks.rows import Message
+from notifyq._webhooks.service import WebhookMessage
 
 MESSAGE_ID = r"^[A-Za-z0-9_-]{1,64}$"
 Header = dict[Annotated[str, Field(max_length=MAX_HEADER_NAME_LEN)],
@@ -128,6 +129,17 @@ class MessageOut(BaseModel):
     id: str
     created: bool
     deliveries: int
+
+
+MAX_BATCH_MESSAGES = 1000
+
+
+class MessageBatchIn(_In):
+    messages: Annotated[list[MessageIn], Field(min_length=1, max_length=MAX_BATCH_MESSAGES)]
+
+
+class MessageBatchOut(BaseModel):
+    items: list[MessageOut]
 
 
 class ResendIn(_In):
@@ -328,6 +340,28 @@ def _add_message_routes(router: APIRouter, app: App, read: list[Any],
                                     endpoint_id=body.endpoint_id,
                                     idempotency_key=body.idempotency_key)
             return JSONResponse(sent.to_json(), status_code=201 if sent.created else 200)
+        return await _answer(go)
+
+    @router.post("/webhooks/messages/batch", dependencies=admin, status_code=201,
+                 response_model=MessageBatchOut, responses=responses_for(413, 422, *auth),
+                 tags=["webhooks"],
+                 summary="Send many messages in one transaction, all or nothing")
+    async def send_batch(body: MessageBatchIn, tenants: Tenants) -> Any:
+        if tenants is not None:
+            for n, message in enumerate(body.messages):
+                if message.endpoint_id is None:
+                    return problem(422, f"messages[{n}].endpoint_id: required with a token "
+                                   "limited to tenants (a message by event type would reach "
+                                   "other tenants' endpoints)", field=f"messages[{n}].endpoint_id")
+
+        async def go() -> Any:
+            if tenants is not None:
+                for endpoint_id in {m.endpoint_id for m in body.messages}:
+                    await _endpoint_in(app, endpoint_id, tenants)  # type: ignore[arg-type]
+            sent = await app.webhooks.send_many([
+                WebhookMessage(m.event_type, m.payload, endpoint_id=m.endpoint_id,
+                               idempotency_key=m.idempotency_key) for m in body.messages])
+            return {"items": [s.to_json() for s in sent]}
         return await _answer(go)
 
     @router.get("/webhooks/messages/{id}", dependencies=read,

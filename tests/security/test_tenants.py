@@ -264,3 +264,33 @@ def test_every_v1_route_filters_by_the_tokens_tenants_or_refuses_tenant_tokens(
         calls = _calls(route.dependant)
         [check] = [c for c in calls if isinstance(c, TokenCheck)]
         assert check.every_tenant != (token_tenants in calls), (route.path, route.methods)
+
+
+def test_a_batch_of_messages_is_sent_all_or_nothing_and_a_tenant_only_to_its_endpoints(
+        served: Served, sql: Sql) -> None:
+    with served.client(ADMIN) as admin, served.client(TENANT_A) as a, \
+            served.client(TENANT_B) as b:
+        mine = a.post("/v1/webhooks/endpoints", json={"url": URL}).json()["id"]
+        theirs = b.post("/v1/webhooks/endpoints", json={"url": URL}).json()["id"]
+        batch = [{"event_type": "order.paid", "payload": {"n": n}, "endpoint_id": mine}
+                 for n in range(3)]
+        sent = a.post("/v1/webhooks/messages/batch", json={"messages": batch})
+        assert sent.status_code == 201, sent.text
+        assert [(i["created"], i["deliveries"]) for i in sent.json()["items"]] == [(True, 1)] * 3
+        for refused, status in (
+                ([*batch, {"event_type": "order.paid", "payload": {}, "endpoint_id": theirs}],
+                 404),
+                ([*batch, {"event_type": "order.paid", "payload": {}}], 422)):
+            answer = a.post("/v1/webhooks/messages/batch", json={"messages": refused})
+            assert answer.status_code == status, answer.text
+        bad = admin.post("/v1/webhooks/messages/batch", json={"messages": [
+            *batch, {"event_type": "bad type!", "payload": {}}]})
+        assert bad.status_code == 422, bad.text
+        assert "message 4: invalid event type" in bad.text
+        too_many = admin.post("/v1/webhooks/messages/batch", json={"messages": batch * 334})
+        assert too_many.status_code == 422, too_many.text
+        by_type = admin.post("/v1/webhooks/messages/batch", json={"messages": [
+            {"event_type": "order.paid", "payload": {"n": 9}}]})
+        assert [(i["created"], i["deliveries"]) for i in by_type.json()["items"]] == [(True, 2)]
+    counts = sql.execute("SELECT count(*) FROM notifyq.webhook_message").fetchone()
+    assert counts == (4,)  # three of a's and the admin's by event type; nothing refused was
