@@ -1,6 +1,6 @@
 """Server time of every dashboard page on a table of 10 million runs (docs/dashboard.md).
 
-    PYTHONPATH=. python bench/dashboard.py [--keep]
+    PYTHONPATH=. python bench/dashboard.py [--keep] [--runs 20000]
 
 Creates the scratch database ``notifyq_bench_dashboard`` (dropped at the end unless --keep),
 migrates it, loads bench/dashboard_10m.sql (one set-based INSERT of 10,000,000 runs over 7 days;
@@ -37,14 +37,15 @@ def _admin(sql: str) -> None:
         conn.execute(sql)  # type: ignore[arg-type]
 
 
-def _load(dsn: str) -> None:
+def _load(dsn: str, runs: int) -> None:
     subprocess.run([sys.executable, "-m", "notifyq", "migrate"], check=True,
                    env={**os.environ, "NOTIFYQ_DATABASE_URL": dsn}, stdout=subprocess.DEVNULL)
-    subprocess.run(["psql", dsn, "-q", "-v", "ON_ERROR_STOP=1", "-f",
-                    str(HERE / "dashboard_10m.sql")], check=True)
+    script = (HERE / "dashboard_10m.sql").read_text().replace("10000000", str(runs))
+    subprocess.run(["psql", dsn, "-q", "-v", "ON_ERROR_STOP=1"], input=script.encode(),
+                   check=True)
 
 
-def _pages(dsn: str) -> dict[str, str]:
+def _pages(dsn: str, runs: int) -> dict[str, str]:
     with psycopg.connect(dsn) as conn:
         def one(sql: str) -> Any:
             row = conn.execute(sql).fetchone()  # type: ignore[arg-type]
@@ -52,7 +53,8 @@ def _pages(dsn: str) -> dict[str, str]:
             return row[0]
         done = one("SELECT id FROM notifyq.job_run WHERE status = 'completed' "
                    "ORDER BY id DESC OFFSET 5000 LIMIT 1")
-        deep = one("SELECT id FROM notifyq.job_run ORDER BY id LIMIT 1 OFFSET 3000000")
+        deep = one(f"SELECT id FROM notifyq.job_run ORDER BY id LIMIT 1 "
+                   f"OFFSET {min(3_000_000, runs * 3 // 10)}")
         since = one("SELECT to_char(now() - interval '3 days', 'YYYY-MM-DD\"T\"HH24:MI')")
         until = one("SELECT to_char(now() - interval '71 hours', 'YYYY-MM-DD\"T\"HH24:MI')")
     return {
@@ -84,17 +86,19 @@ def _time(call: Callable[[], Any]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
+    parser.add_argument("--runs", type=int, default=10_000_000,
+                        help="runs loaded (a smoke run: 20000)")
     args = parser.parse_args()
     _admin(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
     _admin(f'CREATE DATABASE "{DATABASE}"')
     dsn = dsn_for(DATABASE)
     try:
-        _load(dsn)
+        _load(dsn, args.runs)
         log = Path(tempfile.mkdtemp(prefix="notifyq-bench-dashboard-")) / "serve.log"
         with Served(dsn, log, args=["--no-worker"], env=keys_env(1, active=1)) as served, \
                 Dashboard(served) as dashboard:
             assert dashboard.sign_in(ADMIN).status_code == 303
-            for name, path in _pages(dsn).items():
+            for name, path in _pages(dsn, args.runs).items():
                 median, worst = _time(lambda path=path: dashboard.get(path))
                 print(f"{name:40s} {median:8.1f} ms  (slowest {worst:.1f} ms)", flush=True)
             bulk = {"action": "retry", "target": "filter", "type": "type.7"}
