@@ -39,8 +39,11 @@ ORDER BY k.created_at DESC
 LIMIT 1
 
 -- name: key_rotation_latest
+-- The latest rotation, its throttle and pauses, and the database's clock (`now`: its rate while
+-- it runs is measured up to now).
 SELECT k.run_id, k.target_version, k.created_at, k.rate_per_s, k.paused_at, k.paused_s,
-       r.status, r.attempts, r.started_at, r.finished_at, r.input
+       r.status, r.attempts, r.started_at, r.finished_at, r.input,
+       coalesce(%(now)s::timestamptz, now()) AS now
 FROM {schema}.key_rotation k JOIN {schema}.job_run r ON r.id = k.run_id
 ORDER BY k.created_at DESC
 LIMIT 1

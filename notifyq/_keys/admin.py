@@ -95,7 +95,7 @@ class KeyAdmin:
 
     async def _rotation(self, conn: AnyConn) -> dict[str, Any] | None:
         q = self._queries
-        row = await self._one(conn, q.key_rotation_latest)
+        row = await self._one(conn, q.key_rotation_latest, {"now": None})
         if row is None:
             return None
         key = {"run_id": row["run_id"]}

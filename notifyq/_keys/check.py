@@ -218,7 +218,7 @@ class KeyCheck:
 
     def _note_refusal(self, outcome: Mapping[str, Any], active: int | None) -> None:
         """Once per reason: why NOTIFYQ_ACTIVE_KEY_VERSION was not promoted (yet)."""
-        lacking = tuple(p["id"] for p in outcome["lacking"])
+        lacking = tuple(f"{p['role']} {p['id']}" for p in outcome["lacking"])
         reason = (outcome["outcome"], *lacking)
         if reason == self._noted or outcome["outcome"] == "unchanged":
             return

@@ -22,7 +22,8 @@ key check), so the passes do not chase writes that are about to stop.
 
 **Throttle and pause.** Before every batch the run reads its ``key_rotation`` row: with a rate
 limit (``rate_per_s``, set by ``rotate --rate`` and changeable while it runs) a batch reads at
-most one second's worth of rows and is followed by a wait that keeps the average at the rate;
+most one second's worth of rows, after a wait that keeps the average within the rate
+(:class:`Pacer`);
 a paused rotation snoozes (its worker slot free, no attempt used) until ``resume`` makes the
 run due again, and goes on from its last checkpoint.
 """
@@ -80,12 +81,43 @@ def batch_limit(batch_size: int, rate_per_s: float | None) -> int:
     return max(1, min(batch_size, math.ceil(rate_per_s)))
 
 
-def pace_s(rows: int, rate_per_s: float | None, elapsed_s: float, pause_s: float) -> float:
-    """The wait after a batch of ``rows`` that took ``elapsed_s``: the fixed ``pause_s``, or as
-    long as keeps the batch's average at ``rate_per_s``, whichever is longer."""
-    if not rate_per_s:
-        return pause_s
-    return max(pause_s, rows / rate_per_s - elapsed_s)
+class Pacer:
+    """Spaces a rotation's batches so that its rows per second stay within a rate.
+
+    Each batch is paid for (``rows / rate`` seconds) before it runs, so the average from the
+    first batch on stays within the rate, and a rate measured while it runs (rows done over the
+    time since it started) is the rate. What a batch will read is not known before: it pays
+    for as many rows as the batch before it read (a full batch at first) and settles the
+    difference afterwards (:meth:`settle`), so the empty batches that end a pass or a column
+    cost nothing. Time spent slower than the rate (a busy database, a pause) is not saved up
+    for a burst later.
+
+    Example::
+
+        pacer = Pacer()
+        await anyio.sleep(pacer.wait_s(clock(), limit=500, rate_per_s=500))  # 1.0 s
+        pacer.settle(read=500, rate_per_s=500)
+    """
+
+    def __init__(self) -> None:
+        self._paid_until: float | None = None
+        self._expected: int | None = None
+
+    def wait_s(self, now: float, *, limit: int, rate_per_s: float | None) -> float:
+        if not rate_per_s:
+            self._paid_until = None
+            return 0.0
+        expected = limit if self._expected is None else min(self._expected, limit)
+        self._expected = expected
+        start = now if self._paid_until is None else max(now, self._paid_until)
+        self._paid_until = start + expected / rate_per_s
+        return self._paid_until - now
+
+    def settle(self, *, read: int, rate_per_s: float | None) -> None:
+        """The batch read ``read`` rows: charge (or refund) what it was not paid for."""
+        if rate_per_s and self._paid_until is not None and self._expected is not None:
+            self._paid_until += (read - self._expected) / rate_per_s
+        self._expected = read
 
 
 class ReencryptOptions(BaseModel):
@@ -150,11 +182,12 @@ class Reencryptor:
                 "run_id": run_id, "target_version": options.target_version, "now": None})
             await self._wait_for_stale_writers(conn, options.target_version)
             columns = []
+            pacer = Pacer()  # one rate for the whole rotation, across columns
             for column in await self._keys.columns(conn):
                 cq = await self._keys.column_queries(conn, column)
                 columns.append(await _ColumnRotation(
                     conn, self._rt, keyring, cq, run_id=run_id, options=options,
-                    on_batch=self._on_batch).run())
+                    on_batch=self._on_batch, pacer=pacer).run())
             failures = await self._keys.failures(conn, run_id, FAILURES_IN_OUTPUT + 1)
         return {"target_version": options.target_version, "columns": columns,
                 "undecryptable": failures[:FAILURES_IN_OUTPUT],
@@ -197,8 +230,10 @@ def _targeting(keyring: Keyring, target: int) -> Keyring:
 
 class _ColumnRotation:
     def __init__(self, conn: AnyConn, runtime: Runtime, keyring: Keyring, cq: ColumnQueries, *,
-                 run_id: UUID, options: ReencryptOptions, on_batch: BatchHook | None) -> None:
+                 run_id: UUID, options: ReencryptOptions, on_batch: BatchHook | None,
+                 pacer: Pacer) -> None:
         self.conn = conn
+        self.pacer = pacer
         self.recheck = runtime.checked_keyring
         self.clock = runtime.clock.monotonic
         self.q = runtime.queries
@@ -218,13 +253,15 @@ class _ColumnRotation:
             # keyring's guard never blocks the event loop mid-batch.
             await self.recheck()
             rate = await self._rate_unless_paused()
-            started = self.clock()
-            progress, read = await self._batch_with_retries(
-                progress, batch_limit(self.options.batch_size, rate))
-            if read == batch_limit(self.options.batch_size, rate):
-                wait = pace_s(read, rate, self.clock() - started, self.options.pause_s)
-                if wait > 0:
-                    await anyio.sleep(wait)
+            limit = batch_limit(self.options.batch_size, rate)
+            wait = self.pacer.wait_s(self.clock(), limit=limit, rate_per_s=rate)
+            if wait > 0:
+                await anyio.sleep(wait)
+            progress, read = await self._batch_with_retries(progress, limit)
+            self.pacer.settle(read=read, rate_per_s=rate)
+            if read == limit:
+                if self.options.pause_s:
+                    await anyio.sleep(self.options.pause_s)
                 continue
             progress = await self._end_pass(progress)
         return checkpoint_json(progress)

@@ -76,12 +76,14 @@ def process_json(row: Mapping[str, Any], active: int | None) -> dict[str, Any]:
 def rotation_json(row: Mapping[str, Any], progress: Sequence[Mapping[str, Any]],
                   undecryptable: int) -> dict[str, Any]:
     """The latest rotation (``key_rotation_latest``) with its checkpoints. ``rate_per_s``: rows
-    re-encrypted per second of its work (from its start to its last checkpoint, less the time
-    it spent paused)."""
-    last = max((p["updated_at"] for p in progress), default=None)
+    re-encrypted per second of its work: from its start to now (to its last checkpoint once it
+    ended, to its pause while paused), less the time it spent paused."""
     started = row["started_at"]
-    busy_s = ((last - started).total_seconds() - float(row["paused_s"])
-              if last and started else 0.0)
+    end = (max((p["updated_at"] for p in progress), default=None)
+           if row["status"] not in ("pending", "running", "waiting")
+           else row["paused_at"] or row["now"])
+    busy_s = ((end - started).total_seconds() - float(row["paused_s"])
+              if end and started else 0.0)
     reencrypted = sum(int(p["reencrypted"]) for p in progress)
     options = row["input"] if isinstance(row["input"], dict) else {}
     return {"run_id": str(row["run_id"]), "status": row["status"],

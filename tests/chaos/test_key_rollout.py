@@ -62,9 +62,7 @@ def _holders(sql: Sql) -> dict[int, list[int]]:
 def _restart(workers: Workers, proc: subprocess.Popen[bytes],
              env: dict[str, str]) -> subprocess.Popen[bytes]:
     """One step of a rolling deploy: stop a worker (SIGTERM, graceful), start its successor."""
-    workers.wait_registered()
-    stop(proc)
-    workers.procs.remove(proc)
+    assert workers.stop_one(proc) == 0
     return workers.start(extra_env=env)
 
 

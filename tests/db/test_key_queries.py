@@ -63,7 +63,7 @@ def test_the_rotation_lock_is_a_transaction_scoped_advisory_lock(db: Conn, q: Qu
 def test_rotations_are_found_while_active_and_the_latest_is_reported(db: Conn,
                                                                      q: Queries) -> None:
     assert db.execute(q.key_rotation_find_active).fetchone() is None
-    assert db.execute(q.key_rotation_latest).fetchone() is None
+    assert db.execute(q.key_rotation_latest, {"now": T0}).fetchone() is None
     run = enqueue(db, q, "secret.reencrypt", {"target_version": 2})
     db.execute(q.key_rotation_register, {"run_id": run["id"], "target_version": 2, "now": T0})
     db.execute(q.key_rotation_register, {"run_id": run["id"], "target_version": 3, "now": T0})
@@ -71,7 +71,7 @@ def test_rotations_are_found_while_active_and_the_latest_is_reported(db: Conn,
     assert active == {"run_id": run["id"], "target_version": 2, "status": "pending"}
     db.execute("UPDATE notifyq.job_run SET status = 'completed' WHERE id = %s", (run["id"],))
     assert db.execute(q.key_rotation_find_active).fetchone() is None
-    latest = db.execute(q.key_rotation_latest).fetchone()
+    latest = db.execute(q.key_rotation_latest, {"now": T0}).fetchone()
     assert latest is not None
     assert (latest["run_id"], latest["target_version"], latest["status"]) == (
         run["id"], 2, "completed")
@@ -361,7 +361,7 @@ def test_a_rotation_is_throttled_paused_and_resumed_with_its_paused_time_added_u
                        "status": "pending", "woken": True}
     row = db.execute("SELECT run_at FROM notifyq.job_run WHERE id = %s", (run["id"],)).fetchone()
     assert row == {"run_at": T0 + timedelta(seconds=8)}
-    latest = db.execute(q.key_rotation_latest).fetchone()
+    latest = db.execute(q.key_rotation_latest, {"now": T0}).fetchone()
     assert latest is not None
     assert (latest["paused_at"], latest["paused_s"], latest["rate_per_s"]) == (None, 8.0, 250.0)
     db.execute(q.key_rotation_throttle, {**key, "rate_per_s": None})
