@@ -52,7 +52,7 @@ def add_key_pages(router: APIRouter, app: App, ui: Ui) -> None:
             if form.get("confirm") != "yes":
                 ready = await app.keys.readiness(conn, number)
                 return ui.page(request, ui.viewer(request), "keys_promote.html",
-                               version=number, ready=ready,
+                               key_version=number, ready=ready,
                                lacking=describe(list(ready["lacking"])))
             by = f"dashboard (token {ui.viewer(request).name})"
             try:
