@@ -84,13 +84,14 @@ def batch_limit(batch_size: int, rate_per_s: float | None) -> int:
 class Pacer:
     """Spaces a rotation's batches so that its rows per second stay within a rate.
 
-    Each batch is paid for (``rows / rate`` seconds) before it runs, so the average from the
-    first batch on stays within the rate, and a rate measured while it runs (rows done over the
-    time since it started) is the rate. What a batch will read is not known before: it pays
-    for as many rows as the batch before it read (a full batch at first) and settles the
-    difference afterwards (:meth:`settle`), so the empty batches that end a pass or a column
-    cost nothing. Time spent slower than the rate (a busy database, a pause) is not saved up
-    for a burst later.
+    Each batch is paid for (``rows / rate`` seconds) before it runs, and a batch's own work
+    counts towards the next one's payment, so the average from the first batch on stays within
+    the rate, and a rate measured while it runs (rows done over the time since it started) is
+    the rate. What a batch will read is not known before: it pays for as many rows as the batch
+    before it read (a full batch at first) and settles the difference afterwards
+    (:meth:`settle`), so the empty batches that end a pass or a column cost nothing (and the
+    first batch of the next column may run one batch ahead, once). Time spent slower than the
+    rate (a busy database, a pause) is not saved up for a burst later.
 
     Example::
 
@@ -109,9 +110,10 @@ class Pacer:
             return 0.0
         expected = limit if self._expected is None else min(self._expected, limit)
         self._expected = expected
-        start = now if self._paid_until is None else max(now, self._paid_until)
-        self._paid_until = start + expected / rate_per_s
-        return self._paid_until - now
+        cost = expected / rate_per_s
+        begin = now if self._paid_until is None else max(self._paid_until, now - cost)
+        self._paid_until = begin + cost
+        return max(0.0, self._paid_until - now)
 
     def settle(self, *, read: int, rate_per_s: float | None) -> None:
         """The batch read ``read`` rows: charge (or refund) what it was not paid for."""

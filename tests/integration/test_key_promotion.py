@@ -288,6 +288,8 @@ async def test_the_http_api_promotes_rotates_throttled_pauses_and_resumes(
             resumed = http.post("/v1/admin/keys/rotation/resume", json={"rate_per_s": 0})
             assert resumed.json() == {"run_id": started.json()["run_id"], "resumed": True}
             wait_until(lambda: _is(http.get("/v1/keys").json()["done"]), timeout=30)
+            wait_until(lambda: _is(http.get("/v1/keys").json()["rotation"]["status"]
+                                   == "completed"), timeout=30)
             nothing = http.post("/v1/admin/keys/rotation/pause")
             assert nothing.status_code == 409
             assert "nothing to pause" in nothing.json()["detail"]

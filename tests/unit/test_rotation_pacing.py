@@ -28,16 +28,18 @@ def _drive(pacer: Pacer, reads: list[int], *, limit: int, rate: float,
     return starts
 
 
-def test_full_batches_are_paid_before_they_run_so_the_average_never_exceeds_the_rate() -> None:
-    starts = _drive(Pacer(), [500] * 5, limit=500, rate=500)
-    assert starts == [1.0, 2.0, 3.0, 4.0, 5.0]
+@pytest.mark.parametrize("work_s", [0.0, 0.1], ids=["instant", "a-tenth-of-a-second"])
+def test_full_batches_are_paid_before_they_run_so_the_average_never_exceeds_the_rate(
+        work_s: float) -> None:
+    starts = _drive(Pacer(), [500] * 5, limit=500, rate=500, work_s=work_s)
+    assert starts == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0])  # the work overlaps the wait
     for n, start in enumerate(starts, start=1):
         assert n * 500 / start <= 500  # rows done by each batch over the time since the start
 
 
 def test_the_empty_batches_ending_a_pass_cost_nothing() -> None:
-    starts = _drive(Pacer(), [500, 120, 0, 0, 500], limit=500, rate=500)
-    assert starts == [1.0, 2.0, 2.24, 2.24, 2.24]  # the new column's batch is settled after
+    starts = _drive(Pacer(), [500, 120, 0, 0, 500, 500], limit=500, rate=500)
+    assert starts == pytest.approx([1.0, 2.0, 2.0, 2.0, 2.0, 4.0])  # 5 settled, then 6 paid
     pacer = Pacer()
     _drive(pacer, [500, 0], limit=500, rate=500)
     assert pacer.wait_s(2.0, limit=500, rate_per_s=500) == 0.0
@@ -45,7 +47,7 @@ def test_the_empty_batches_ending_a_pass_cost_nothing() -> None:
 
 def test_time_spent_slower_than_the_rate_is_not_saved_up_for_a_burst() -> None:
     starts = _drive(Pacer(), [100] * 4, limit=100, rate=100, work_s=3.0)
-    assert starts == [1.0, 5.0, 9.0, 13.0]  # each waits its own second, after 3 s of work
+    assert starts == [1.0, 4.0, 7.0, 10.0]  # 3 s of work each, no wait, no catching up
 
 
 def test_without_a_rate_nothing_waits_and_batches_keep_their_size() -> None:
