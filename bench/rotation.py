@@ -64,11 +64,11 @@ class Result:
                                    or self.rate <= self.rate_limit * OVER_LIMIT)
 
 
-def _setup(admin: str, rows: int) -> str:
+def _setup(admin: str, database: str, rows: int) -> str:
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{DATABASE}"')
-    dsn = psycopg.conninfo.make_conninfo(admin, dbname=DATABASE)
+        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{database}"')
+    dsn = psycopg.conninfo.make_conninfo(admin, dbname=database)
     old = Keyring({1: K1}, active=1)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE secrets (id bigint PRIMARY KEY, secret bytea)")
@@ -95,8 +95,9 @@ async def _rotate(dsn: str, batch_size: int, rate: float | None) -> float:
         return time.perf_counter() - started
 
 
-def measure(admin: str, rows: int, batch_size: int, rate: float | None) -> Result:
-    dsn = _setup(admin, rows)
+def measure(admin: str, database: str, rows: int, batch_size: int,
+            rate: float | None) -> Result:
+    dsn = _setup(admin, database, rows)
     try:
         elapsed = anyio.run(_rotate, dsn, batch_size, rate)
         with psycopg.connect(dsn) as conn:
@@ -105,7 +106,7 @@ def measure(admin: str, rows: int, batch_size: int, rate: float | None) -> Resul
         return Result(rows, rate, elapsed, int(left[0]) if left else -1)
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 def main() -> int:
@@ -117,6 +118,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help=f"{QUICK_ROWS:,} rows without a limit, then at "
                              f"{QUICK_RATE:,.0f} rows/s (a few seconds)")
+    parser.add_argument("--database", default=DATABASE,
+                        help=f"the scratch database, dropped and made again ({DATABASE})")
     parser.add_argument("--dsn", default=os.environ.get(
         "NOTIFYQ_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
     args = parser.parse_args()
@@ -124,7 +127,7 @@ def main() -> int:
             else [(args.rows, args.rate)])
     ok = True
     for rows, rate in runs:
-        result = measure(args.dsn, rows, args.batch_size, rate)
+        result = measure(args.dsn, args.database, rows, args.batch_size, rate)
         print(result.line(args.batch_size), flush=True)
         if not result.ok():
             print(f"FAILED: {result.left} rows left on another version, or over the limit",
