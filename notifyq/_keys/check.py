@@ -11,11 +11,12 @@ One check:
 2. refuses (``ConfigError``) a configured key whose check value differs from the recorded one;
    loads the retired versions into the keyring (they no longer decrypt);
 3. sets the keyring's active version to the cluster's. ``NOTIFYQ_ACTIVE_KEY_VERSION`` is the
-   first value (when the cluster has none) and a request: a version never active before is
-   promoted by the check of a process that asks for it, on the same terms as ``notifyq keys
-   promote`` (every live process holds it, no rotation to another version is under way), so a
-   rolling deploy that sets it everywhere switches once the last process holds the key. Until
-   then the process follows the cluster's version and says why once in its log;
+   first value (when the cluster has none) and a request: a version newer than the active one
+   and never active before is promoted by the check of a process that asks for it (not of a CLI
+   command), on the same terms as ``notifyq keys promote`` (every live process holds it, no
+   rotation to another version is under way), so a rolling deploy that sets it everywhere
+   switches once the last process holds the key. Until then the process follows the cluster's
+   version and says why once in its log;
 4. records the process as a key holder (``key_holder``: the versions it holds by check value,
    the one it encrypts under), alive for three intervals, so a promotion can tell whether every
    live process holds the version (skipped for short-lived CLI commands, ``holder.role`` None);
@@ -198,12 +199,14 @@ class KeyCheck:
 
     def _asks_promotion(self, rows: Sequence[Mapping[str, Any]], active: int | None) -> bool:
         """Whether to promote NOTIFYQ_ACTIVE_KEY_VERSION: as the first active version, or, from
-        a process counted among the key holders (not a CLI command), as a version never active
-        before."""
+        a process counted among the key holders (not a CLI command), as a newer version than the
+        active one that was never active before. Never backwards: an old deployment setting
+        must not undo a promotion (an operator goes back with `notifyq keys promote`)."""
         wanted = self.wanted
         if wanted is None or wanted == active:
             return False
-        if active is not None and (self.holder is None or self.holder.role is None):
+        if active is not None and (self.holder is None or self.holder.role is None
+                                   or wanted < active):
             return False
         row = next((r for r in rows if r["version"] == wanted), None)
         return row is not None and row["retired_at"] is None and row["promoted_at"] is None

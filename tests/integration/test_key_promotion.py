@@ -187,6 +187,20 @@ def test_setting_the_active_version_everywhere_promotes_it_once_the_last_process
         assert workers.stop_all() == [0, 0]
 
 
+async def test_an_older_active_version_in_a_processs_environment_never_moves_the_cluster_back(
+        dsn: str, sql: Sql) -> None:
+    newer = vault.vault_app(dsn, 1, 2, active=2)
+    stale = vault.vault_app(dsn, 1, 2, active=1)  # an old deployment setting, never active
+    column = stale.encrypted_column(vault.TABLE_A, column="secret")
+    async with newer, stale:
+        async with (await newer.pool()).connection() as conn:
+            await newer.keys.sync(conn)  # the cluster's first active version: 2
+        blob = stale.keyring.encrypt(b"x", column.context(1))  # its check runs first
+    assert version_of(blob) == 2
+    assert scalar(sql, "SELECT version FROM notifyq.key_active") == 2
+    assert scalar(sql, "SELECT promoted_at FROM notifyq.key_version WHERE version = 1") is None
+
+
 def _active_is(sql: Sql, version: int) -> None:
     assert scalar(sql, "SELECT version FROM notifyq.key_active") == version
 
