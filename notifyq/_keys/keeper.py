@@ -35,6 +35,7 @@ class KeyKeeper:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._wake = anyio.Event()
+        self._failing: str | None = None
         self.checks = 0
         """Checks run (a test signal)."""
 
@@ -50,12 +51,19 @@ class KeyKeeper:
         try:
             await self._rt.checked_keyring(force=True)
         except ConfigError as exc:
-            # The first check ran at start and passed; this one found a key replaced or retired
-            # meanwhile. Encrypt and decrypt refuse with the same message until it is fixed.
+            # A key replaced under a known version: encrypt and decrypt refuse with the same
+            # message until it is fixed (a worker's first check refused to start with it).
             log.error("key check failed: %s", exc)  # noqa: TRY400 - the message is the news
-        except psycopg.OperationalError as exc:
-            log.warning("key check could not reach the database (%s); retrying",
-                        type(exc).__name__)
+        except psycopg.Error as exc:
+            # The database is away, or not migrated yet (serve answers 503 meanwhile): said
+            # once, then checked again every interval.
+            reason = type(exc).__name__
+            if reason != self._failing:
+                log.warning("key check could not run (%s); retrying every %g s", reason,
+                            self._rt.settings.key_check_interval_s)
+            self._failing = reason
+        else:
+            self._failing = None
         self.checks += 1
 
     async def run(self) -> None:
