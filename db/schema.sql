@@ -1128,6 +1128,20 @@ CREATE TABLE notifyq.job_step (
 );
 
 --
+-- Name: key_active; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.key_active (
+    singleton boolean DEFAULT true NOT NULL,
+    version integer NOT NULL,
+    promoted_at timestamp with time zone NOT NULL,
+    promoted_by text NOT NULL,
+    forced boolean DEFAULT false NOT NULL,
+    CONSTRAINT key_active_promoted_by_check CHECK (((length(promoted_by) >= 1) AND (length(promoted_by) <= 300))),
+    CONSTRAINT key_active_singleton_check CHECK (singleton)
+);
+
+--
 -- Name: key_concurrency; Type: TABLE; Schema: notifyq; Owner: -
 --
 
@@ -1139,6 +1153,28 @@ CREATE TABLE notifyq.key_concurrency (
 );
 
 --
+-- Name: key_holder; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.key_holder (
+    id text NOT NULL,
+    role text NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    versions integer[] NOT NULL,
+    check_values bytea[] NOT NULL,
+    encrypts_with integer,
+    interval_s double precision NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    checked_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT key_holder_check CHECK ((cardinality(check_values) = cardinality(versions))),
+    CONSTRAINT key_holder_id_check CHECK (((length(id) >= 1) AND (length(id) <= 200))),
+    CONSTRAINT key_holder_interval_s_check CHECK ((interval_s > (0)::double precision)),
+    CONSTRAINT key_holder_role_check CHECK ((role = ANY (ARRAY['worker'::text, 'serve'::text, 'app'::text])))
+);
+
+--
 -- Name: key_rotation; Type: TABLE; Schema: notifyq; Owner: -
 --
 
@@ -1146,6 +1182,10 @@ CREATE TABLE notifyq.key_rotation (
     run_id uuid NOT NULL,
     target_version integer NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    rate_per_s double precision,
+    paused_at timestamp with time zone,
+    paused_s double precision DEFAULT 0 NOT NULL,
+    CONSTRAINT key_rotation_rate_per_s_check CHECK ((rate_per_s > (0)::double precision)),
     CONSTRAINT key_rotation_target_version_check CHECK ((target_version > 0))
 );
 
@@ -1187,6 +1227,7 @@ CREATE TABLE notifyq.key_version (
     check_value bytea NOT NULL,
     first_seen_at timestamp with time zone DEFAULT now() NOT NULL,
     retired_at timestamp with time zone,
+    promoted_at timestamp with time zone,
     CONSTRAINT key_version_version_check CHECK ((version > 0))
 );
 
@@ -1433,11 +1474,25 @@ ALTER TABLE ONLY notifyq.job_step
     ADD CONSTRAINT job_step_pkey PRIMARY KEY (run_id, step_id);
 
 --
+-- Name: key_active key_active_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.key_active
+    ADD CONSTRAINT key_active_pkey PRIMARY KEY (singleton);
+
+--
 -- Name: key_concurrency key_concurrency_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
 --
 
 ALTER TABLE ONLY notifyq.key_concurrency
     ADD CONSTRAINT key_concurrency_pkey PRIMARY KEY (key);
+
+--
+-- Name: key_holder key_holder_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.key_holder
+    ADD CONSTRAINT key_holder_pkey PRIMARY KEY (id);
 
 --
 -- Name: key_rotation_failure key_rotation_failure_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
@@ -1734,6 +1789,13 @@ ALTER TABLE ONLY notifyq.job_run
 
 ALTER TABLE ONLY notifyq.job_step
     ADD CONSTRAINT job_step_run_id_fkey FOREIGN KEY (run_id) REFERENCES notifyq.job_run(id) ON DELETE CASCADE;
+
+--
+-- Name: key_active key_active_version_fkey; Type: FK CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.key_active
+    ADD CONSTRAINT key_active_version_fkey FOREIGN KEY (version) REFERENCES notifyq.key_version(version);
 
 --
 -- Name: key_rotation_failure key_rotation_failure_run_id_fkey; Type: FK CONSTRAINT; Schema: notifyq; Owner: -

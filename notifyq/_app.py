@@ -38,6 +38,7 @@ from notifyq._enqueue.validate import encode_input
 from notifyq._enqueue.write import Enqueuer
 from notifyq._errors import ConfigError
 from notifyq._keys.admin import REENCRYPT, KeyAdmin
+from notifyq._keys.keeper import KeyKeeper
 from notifyq._keys.reencrypt import Reencryptor
 from notifyq._limits import MAX_SIGNAL_TOKEN_LEN
 from notifyq._maintenance.scheduler import schedule_list, schedule_pause, schedule_resume
@@ -162,9 +163,10 @@ class App:
         """The master keys from ``NOTIFYQ_KEYS`` / ``NOTIFYQ_KEY_FILE`` and
         ``NOTIFYQ_ACTIVE_KEY_VERSION``, built on first use. It checks itself against the
         database before its first encrypt or decrypt and every ``key_check_interval_s`` after
-        (one short query on the app's synchronous pool; ``await app.keys.sync()`` at start
-        does the first one without blocking): a wrong key or a retired active version raises
-        ``ConfigError``, a retired version no longer decrypts."""
+        (two short statements on the app's synchronous pool; ``await app.keys.sync()`` at
+        start does the first one without blocking): a wrong key raises ``ConfigError``, a
+        retired version no longer decrypts, and it encrypts under the cluster's active version
+        (``notifyq keys promote``), refusing with ``ConfigError`` when it does not hold it."""
         return self._runtime.keyring
 
     def encrypted_column(self, table: str, *, pk: str = "id", column: str) -> EncryptedColumn:
@@ -464,6 +466,9 @@ class App:
         burst mode until nothing is runnable. With ``await tg.start(app.run_worker)`` the caller
         gets the :class:`Worker` once it is built (``notifyq serve`` reads its counters)."""
         db = await self.pool()
+        holder = self._runtime.key_holder
+        if holder.role != "serve":
+            holder.role = "worker"
         async with db.connection() as conn:
             await migrations.require_current(conn, self.settings.schema_name)
             if self.has_keyring:
@@ -494,7 +499,17 @@ class App:
                         "concurrency (%d): one slow endpoint can take all its slots until its "
                         "circuit opens", share, worker.concurrency)
         task_status.started(worker)
-        await worker.run()
+        if not self.has_keyring:
+            await worker.run()
+            return
+        keeper = KeyKeeper(self._runtime)
+        if worker.notifier is not None:  # a promotion or retirement reaches it at once
+            worker.notifier.subscribe(keeper.notified)
+            worker.notifier.on_connect(keeper.wake)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keeper.run)
+            await worker.run()
+            tg.cancel_scope.cancel()
 
 
 def _request(job_type: str, input: Any, **fields: Any) -> EnqueueRequest:

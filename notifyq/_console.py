@@ -36,9 +36,16 @@ class Parser(argparse.ArgumentParser):
 
 
 def load_app(target: str | None) -> App:
-    """``MODULE:ATTR`` → the App it names; without one, a bare App from the environment."""
-    if not target:
-        return App()
+    """``MODULE:ATTR`` → the App it names; without one, a bare App from the environment.
+
+    A command is not counted among the key holders (it lives a second; ``worker`` and
+    ``serve`` set their role when they start)."""
+    app = _import_app(target) if target else App()
+    app._runtime.key_holder.role = None
+    return app
+
+
+def _import_app(target: str) -> App:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise NotifyqError(f"--app must look like MODULE:ATTR, got {target!r}")

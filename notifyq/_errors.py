@@ -18,7 +18,8 @@ The tree, rooted at :class:`NotifyqError`::
     ├── WaitTimeout            a durable wait (signal or children) passed its deadline
     ├── RunNotFound            no run with that id
     ├── UnknownStep            a replay names a step the run has not recorded
-    ├── InvalidTransition      the run is not in a state that allows the operation
+    ├── InvalidTransition      the run (or key version) is not in a state that allows it
+    │   └── PromotionRefused   a live process does not hold the key version to promote
     ├── DecryptionFailed       a ciphertext does not decrypt (corrupted, or another row's)
     │   ├── UnknownKeyVersion  its key version is not configured here
     │   └── RetiredKeyVersion  its key version was retired
@@ -150,6 +151,17 @@ class InvalidTransition(NotifyqError):
     """The run's current status does not allow the operation."""
 
 
+class PromotionRefused(InvalidTransition):
+    """A key version cannot be promoted: live processes do not hold it (``processes``: their
+    id, role, host, pid and versions). Deploy the key to them and restart them, or wait until
+    stopped ones expire; ``--force`` (``force=True``) promotes anyway, and those processes then
+    refuse to encrypt and cannot read what is written under the new version."""
+
+    def __init__(self, message: str, processes: list[dict[str, object]]) -> None:
+        super().__init__(message)
+        self.processes = processes
+
+
 class LeaseLost(NotifyqError):
     """A fenced write-back matched no row: another worker owns the run now.
 
@@ -229,7 +241,8 @@ class CompleterClosedError(NotifyqError):
 
 class StaleWriters(NotifyqError):
     """Rows keep reappearing under old key versions: some writer still encrypts with an old
-    active version. Deploy NOTIFYQ_ACTIVE_KEY_VERSION everywhere; the run's retry resumes."""
+    version (a process that does not take the promoted version from the database, e.g. one of
+    an older notifyq). The run's retry resumes."""
 
 
 class BenchError(NotifyqError):

@@ -8,6 +8,7 @@ imports run one way (features -> runtime -> db, clock, settings).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,9 +30,11 @@ from notifyq._db.pool import (
 )
 from notifyq._db.queries import Queries, queries_for
 from notifyq._errors import ConfigError
-from notifyq._keys.check import KeyCheck
+from notifyq._keys.check import KeyCheck, KeyHolder
 from notifyq._keys.columns import EncryptedColumns
 from notifyq._settings import Settings
+
+log = logging.getLogger("notifyq")
 
 AnyConn = psycopg.AsyncConnection[Any]
 SyncPool = ConnectionPool[psycopg.Connection[dict[str, Any]]]
@@ -58,6 +61,9 @@ class Runtime:
         self._open_lock = anyio.Lock()
         self._keyring: Keyring | None = None
         self._key_check: KeyCheck | None = None
+        self.key_holder = KeyHolder.of_this_process()
+        """How this process is recorded among the key holders (``worker`` and ``serve`` set
+        its role; the CLI clears it)."""
         self.columns = EncryptedColumns()
         """Every encrypted column this process registered (the user's and notifyq's own)."""
         for column in settings.encrypted_columns:
@@ -80,11 +86,12 @@ class Runtime:
                 raise ConfigError(str(exc)) from None
             if found is None:
                 raise ConfigError("no keyring is configured: set NOTIFYQ_KEYS (or "
-                                  "NOTIFYQ_KEY_FILE) and NOTIFYQ_ACTIVE_KEY_VERSION")
+                                  "NOTIFYQ_KEY_FILE)")
             keyring = Keyring(found[0], active=found[1])
             self._key_check = KeyCheck(self.queries, keyring, self.columns,
                                        interval_s=self.settings.key_check_interval_s,
-                                       monotonic=self.clock.monotonic)
+                                       monotonic=self.clock.monotonic, holder=self.key_holder,
+                                       wanted=found[1])
             keyring.guard_with(self._check_keys_sync)
             self._keyring = keyring
         return self._keyring
@@ -110,6 +117,12 @@ class Runtime:
         self.keyring  # noqa: B018 - builds the keyring and its check on first use
         assert self._key_check is not None  # noqa: S101 - built with the keyring
         return self._key_check.verify(key_versions)
+
+    def expire_key_check(self) -> None:
+        """A promotion or retirement was announced: check before the next encrypt or
+        decrypt."""
+        if self._key_check is not None:
+            self._key_check.expire()
 
     def _check_keys_sync(self) -> None:
         """The keyring's guard: the key check on the synchronous pool, when it is due (user
@@ -178,6 +191,7 @@ class Runtime:
         return self._sync_pool
 
     async def close(self) -> None:
+        await self._leave_key_holders()
         if self._warm is not None:
             await self._warm.close()
             self._warm = None
@@ -187,3 +201,25 @@ class Runtime:
         if self._sync_pool is not None:
             self._sync_pool.close()
             self._sync_pool = None
+
+    async def _leave_key_holders(self) -> None:
+        """A clean stop takes this process off the key holders at once (a killed one expires
+        three key-check intervals after its last check)."""
+        check = self._key_check
+        if check is None or not check.recorded_holder:
+            return
+        params = {"id": self.key_holder.id}
+        try:
+            if self._pool is not None:
+                async with self._pool.connection() as conn:
+                    await conn.execute(self.queries.key_holder_leave, params)
+            elif self._sync_pool is not None:
+                sync_pool = self._sync_pool
+
+                def leave() -> None:
+                    with sync_pool.connection() as conn:
+                        conn.execute(self.queries.key_holder_leave, params)
+                await anyio.to_thread.run_sync(leave)
+        except psycopg.Error as exc:
+            log.debug("could not leave the key holders (%s); the row expires", type(exc).__name__)
+        check.recorded_holder = False

@@ -26,6 +26,7 @@ from pydantic import SecretStr
 from notifyq._app import App
 from notifyq._dispatch.worker import Worker
 from notifyq._errors import ConfigError
+from notifyq._keys.keeper import KeyKeeper
 
 if TYPE_CHECKING:
     from hypercorn.config import Config
@@ -84,10 +85,15 @@ async def serve(app: App, options: ServeOptions) -> int:
 
     state = ServiceState()
     stop = anyio.Event()
+    app._runtime.key_holder.role = "serve"
     async with app, anyio.create_task_group() as tg:
         if options.api:  # once the database answered: a failed start leaves no token behind
             _quick_start_token(app, options.token_dir)
         tg.start_soon(_stop_on_signal, stop)
+        if app.has_keyring and not options.worker:  # a worker runs its own keeper
+            keeper = KeyKeeper(app._runtime)
+            keeper.wake()  # check (and count as a key holder) from the start
+            tg.start_soon(keeper.run)
         async with anyio.create_task_group() as main:
             if options.worker:
                 worker: Worker = await main.start(_run_worker, app, stop)

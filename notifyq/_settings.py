@@ -491,19 +491,23 @@ class Settings(BaseSettings):
     embedded: EmbeddedSettings = Field(default_factory=EmbeddedSettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     keys: SecretStr | None = None
-    """Master keys, ``VERSION:BASE64`` of 32 bytes each, comma-separated (every version but the
-    active one is decrypt-only); never logged, never stored in the database. Defaults to none
-    (no keyring)."""
+    """Master keys, ``VERSION:BASE64`` of 32 bytes each, comma-separated; every version
+    decrypts, the cluster's active version encrypts. Never logged, never stored in the
+    database. Defaults to none (no keyring)."""
     key_file: Path | None = None
     """A file of ``VERSION:BASE64`` lines instead of ``keys`` (not both). Defaults to none."""
     active_key_version: Annotated[int, Field(ge=1)] | None = None
-    """The version new secrets are encrypted under; required when ``keys`` or ``key_file`` is
-    set. Defaults to none."""
+    """The version new secrets are encrypted under while the cluster has no active version yet
+    (the first one); after that the database's active version (``notifyq keys promote``)
+    decides, and a newer version named here is promoted by this process once every live
+    process holds it (an older one is ignored). Must be one of ``keys``. Defaults to none:
+    follow the cluster's."""
     key_check_interval_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     """How often a process holding a keyring checks it against the database again (key check
-    values, retired versions). Every process checks before its first encrypt or decrypt; a
-    version retired elsewhere stops decrypting, and a retired active version stops encrypting,
-    in every process within this time. Defaults to 10.0."""
+    values, the active version, retired versions) and renews its key holder row, which counts
+    for three intervals. Every process checks before its first encrypt or decrypt; workers and
+    ``serve`` also check on their own, and at once when a promotion or retirement is announced;
+    other processes follow a promotion or retirement within this time. Defaults to 10.0."""
     encrypted_columns: list[EncryptedColumnSettings] = Field(default_factory=list)
     """Your encrypted columns (``NOTIFYQ_ENCRYPTED_COLUMNS`` as a JSON list of
     {"table", "pk", "column"}); code can add more with ``App.encrypted_column``. Defaults to

@@ -138,6 +138,14 @@ class Workers:
         proc.wait(10)
         self.kills += 1
 
+    def stop_one(self, proc: subprocess.Popen[bytes]) -> int:
+        """SIGTERM one worker (after every live one has its handler in place, see
+        :meth:`stop_all`) and wait for its graceful exit; it leaves the fleet."""
+        self.wait_registered()
+        code = stop(proc)
+        self.procs.remove(proc)
+        return code
+
     def replace_dead(self) -> int:
         """Start one process for every one that exited; returns how many."""
         dead = [p for p in self.procs if p.poll() is not None]

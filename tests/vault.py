@@ -23,11 +23,14 @@ def b64(key: bytes) -> str:
     return base64.b64encode(key).decode()
 
 
-def keys_env(*versions: int, active: int) -> dict[str, str]:
-    """NOTIFYQ_KEYS / NOTIFYQ_ACTIVE_KEY_VERSION for the given versions of KEY1..KEY3."""
+def keys_env(*versions: int, active: int | None) -> dict[str, str]:
+    """NOTIFYQ_KEYS / NOTIFYQ_ACTIVE_KEY_VERSION for the given versions of KEY1..KEY3 (no
+    NOTIFYQ_ACTIVE_KEY_VERSION for ``active=None``: the process follows the cluster's)."""
     material = {1: KEY1, 2: KEY2, 3: KEY3}
-    return {"NOTIFYQ_KEYS": ",".join(f"{v}:{b64(material[v])}" for v in versions),
-            "NOTIFYQ_ACTIVE_KEY_VERSION": str(active)}
+    env = {"NOTIFYQ_KEYS": ",".join(f"{v}:{b64(material[v])}" for v in versions)}
+    if active is not None:
+        env["NOTIFYQ_ACTIVE_KEY_VERSION"] = str(active)
+    return env
 
 
 def keyring(*versions: int, active: int) -> Keyring:
@@ -45,7 +48,7 @@ CREATE INDEX IF NOT EXISTS vault_a_key_version ON vault_a (notifyq.key_version_o
 """
 
 
-def vault_app(dsn: str, *versions: int, active: int, **overrides: Any) -> App:
+def vault_app(dsn: str, *versions: int, active: int | None, **overrides: Any) -> App:
     """An App with keys ``versions`` (KEY1..KEY3), ``active``, and both tables registered."""
     env = keys_env(*versions, active=active)
     app = App(settings=fast_settings(dsn, keys=env["NOTIFYQ_KEYS"], active_key_version=active,

@@ -24,11 +24,9 @@ from notifyq._api.cluster import add_cluster_routes, run_filter
 from notifyq._api.schedules import add_schedule_routes
 from notifyq._app import App
 from notifyq._control import BulkOptions, RunFilter
-from notifyq._crypto.ciphertext import MAX_VERSION
 from notifyq._enqueue.request import EnqueueRequest
 from notifyq._enqueue.validate import encode_input
 from notifyq._errors import (
-    ConfigError,
     InvalidEnqueue,
     PayloadTooLarge,
     ResultTimeout,
@@ -39,6 +37,7 @@ from notifyq._http.auth import Authenticator, tenant_for, token_tenants
 from notifyq._http.gate import SchemaGate
 from notifyq._http.problems import problem
 from notifyq._http.schemas import responses_for
+from notifyq._keys.routes import add_key_routes
 from notifyq._limits import (
     MAX_PAGE,
     MAX_RESULT_WAIT_S,
@@ -183,7 +182,7 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
     add_cluster_routes(router, app, read_all, admin_all)
     add_schedule_routes(router, app, read_all, admin_all)
     _add_signals(router, app, admin)
-    _add_keys(router, app, read_all, admin_all)
+    add_key_routes(router, app, read_all, admin_all)
     if app._webhooks is not None:  # only what this server does is in its OpenAPI document
         add_webhook_routes(router, app, read, admin)
     return router
@@ -286,39 +285,3 @@ async def _tenant_signal(app: App, token: str, payload: Any, tenants: list[str])
                                          tenant_ids=tenants)
 
 
-def _add_keys(router: APIRouter, app: App, read: list[Any], admin: list[Any]) -> None:
-    """Key status, rotation and retirement when the App has key administration
-    (``app.keys``, see notifyq/crypto/admin.py)."""
-    keys = getattr(app, "keys", None)
-    if keys is None:
-        return
-
-    @router.get("/keys", dependencies=read, responses=responses_for(409, *AUTH),
-                summary="Key versions, rows per version and the latest rotation")
-    async def key_status() -> Any:
-        async with (await app.pool()).connection() as conn:
-            try:
-                return await keys.status(conn)
-            except ConfigError as exc:
-                return problem(409, str(exc), field="keys")
-
-    @router.post("/admin/rotate-key", dependencies=admin, status_code=202,
-                 response_model=schemas.RotationOut, responses=responses_for(409, *AUTH),
-                 summary="Re-encrypt to the active key version (idempotent)")
-    async def rotate_key() -> Any:
-        async with (await app.pool()).connection() as conn:
-            try:
-                run, created = await keys.rotate(conn)
-            except ConfigError as exc:
-                return problem(409, str(exc), field="keys")
-        return {"run_id": str(run.id), "created": created, "run": _run(run)}
-
-    @router.post("/admin/keys/{version}/retire", dependencies=admin,
-                 responses=responses_for(409, 422, *AUTH),
-                 summary="Retire a key version no row uses any more")
-    async def retire_key(version: Annotated[int, Path(ge=1, le=MAX_VERSION)]) -> Any:
-        async with (await app.pool()).connection() as conn:
-            try:
-                return await keys.retire(conn, version)
-            except ConfigError as exc:
-                return problem(409, str(exc), field="version")

@@ -200,12 +200,6 @@ class SignalOut(BaseModel):
                                    "wait on the token")
 
 
-class RotationOut(BaseModel):
-    run_id: UUID
-    created: bool = Field(description="false: a rotation to this version was already running")
-    run: RunOut
-
-
 class Health(BaseModel):
     status: str
     checks: dict[str, str] = Field(default_factory=dict)

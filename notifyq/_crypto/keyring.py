@@ -3,8 +3,10 @@
 Keys come from configuration only (``NOTIFYQ_KEYS="1:<base64>,2:<base64>"`` or a key file
 with one ``VERSION:BASE64`` per line) and are never stored in the database; the database keeps
 a key check value per version (an HMAC-SHA256 of a constant under the key), so a process given a
-different key under a known version refuses to start. Every version that is not the active one
-is decrypt-only: deploy a new key everywhere first, then activate it.
+different key under a known version refuses to start. Every configured version decrypts; only
+the active one encrypts. In an App the active version is the cluster's (promoted in the
+database, see notifyq/_keys/check.py), which the key check sets here: a keyring whose active
+version is one it does not hold refuses to encrypt rather than fall back to an older key.
 
 Example::
 
@@ -57,7 +59,7 @@ class Keyring:
 
     __slots__ = ("_active", "_check_values", "_ciphers", "_guard", "_retired")
 
-    def __init__(self, keys: Mapping[int, bytes], *, active: int) -> None:
+    def __init__(self, keys: Mapping[int, bytes], *, active: int | None) -> None:
         if not keys:
             raise ConfigError("the keyring is empty: configure at least one key")
         for version, key in keys.items():
@@ -65,12 +67,12 @@ class Keyring:
             if len(key) != KEY_BYTES:
                 raise ConfigError(f"key version {version} is {len(key)} bytes; keys must be "
                                   f"{KEY_BYTES} bytes (256 bits): {_GENERATE}")
-        if active not in keys:
+        if active is not None and active not in keys:
             raise ConfigError(f"active key version {active} is not configured (configured: "
                               f"{_listing(keys)})")
         self._ciphers = {v: AESGCM(k) for v, k in keys.items()}
         self._check_values = {v: check_value(k) for v, k in keys.items()}
-        self._active = active
+        self._active: int | None = active
         self._retired: frozenset[int] = frozenset()
         self._guard: Callable[[], None] | None = None
 
@@ -80,8 +82,19 @@ class Keyring:
         self._guard = guard
 
     @property
-    def active_version(self) -> int:
+    def active_version(self) -> int | None:
+        """The version ``encrypt`` uses: the cluster's active version as of the last key check
+        (before the first one, ``NOTIFYQ_ACTIVE_KEY_VERSION``), which this keyring may not
+        hold. None: no version is active yet."""
         return self._active
+
+    def set_active(self, version: int | None) -> None:
+        """The cluster's active version, as the key check read it (held here or not)."""
+        self._active = version
+
+    def holds(self, version: int) -> bool:
+        """Whether ``version`` is configured here (retired or not)."""
+        return version in self._ciphers
 
     @property
     def versions(self) -> list[int]:
@@ -104,13 +117,22 @@ class Keyring:
         if self._guard is not None:
             self._guard()
         version = self._active
+        if version is None:
+            raise ConfigError("no key version is active: set NOTIFYQ_ACTIVE_KEY_VERSION (the "
+                              "cluster's first active version) or run `notifyq keys promote N`")
+        cipher = self._ciphers.get(version)
+        if cipher is None:
+            raise ConfigError(f"key version {version} is active but this process does not hold "
+                              f"it (configured: {_listing(self._ciphers)}): add version "
+                              f"{version} to NOTIFYQ_KEYS (or NOTIFYQ_KEY_FILE) and restart; "
+                              "meanwhile this process decrypts what it can and encrypts "
+                              "nothing, rather than write under an older key")
         if version in self._retired:
             raise RetiredKeyVersion(f"the active key version {version} is retired; activate "
                                     "another version")
         head = header(version)
         nonce = os.urandom(NONCE_BYTES)
-        body = self._ciphers[version].encrypt(nonce, plaintext,
-                                              context.associated_data(head))
+        body = cipher.encrypt(nonce, plaintext, context.associated_data(head))
         return head + nonce + body
 
     def decrypt(self, blob: bytes, context: Context) -> bytes:
@@ -196,9 +218,10 @@ def _listing(versions: Iterable[int]) -> str:
 
 
 def configured_keys(keys: str | None, key_file: Path | None,
-                    active: int | None) -> tuple[dict[int, bytes], int] | None:
-    """The keys and active version the settings describe, or None when no keyring is
-    configured. ValueError names the setting at fault (and never holds key material)."""
+                    active: int | None) -> tuple[dict[int, bytes], int | None] | None:
+    """The keys and the active version the settings describe (None: follow the cluster's), or
+    None when no keyring is configured. ValueError names the setting at fault (and never holds
+    key material)."""
     if keys is not None and key_file is not None:
         raise ValueError("set NOTIFYQ_KEYS or NOTIFYQ_KEY_FILE, not both")
     if keys is None and key_file is None:
@@ -211,10 +234,7 @@ def configured_keys(keys: str | None, key_file: Path | None,
     else:
         assert key_file is not None  # noqa: S101 - one of the two is set
         material = parse_keys(read_key_file(key_file), source="NOTIFYQ_KEY_FILE")
-    if active is None:
-        raise ValueError("NOTIFYQ_ACTIVE_KEY_VERSION is required when keys are configured "
-                         f"(configured: {_listing(material)})")
-    if active not in material:
+    if active is not None and active not in material:
         raise ValueError(f"NOTIFYQ_ACTIVE_KEY_VERSION={active} is not a configured key version "
                          f"(configured: {_listing(material)})")
     return material, active

@@ -97,6 +97,18 @@ class QueryNames:
     key_rotation_failure_list: LiteralString
     key_rotation_failure_count: LiteralString
     key_rotation_lock_timeout: LiteralString
+    key_active_get: LiteralString
+    key_active_promote: LiteralString
+    key_announce: LiteralString
+    key_holder_record: LiteralString
+    key_holder_leave: LiteralString
+    key_holder_list: LiteralString
+    key_holder_reap_expired: LiteralString
+    key_holder_stale_writers: LiteralString
+    key_rotation_control: LiteralString
+    key_rotation_throttle: LiteralString
+    key_rotation_pause: LiteralString
+    key_rotation_resume: LiteralString
 
     # db/queries/key_concurrency.sql
     key_concurrency_resize: LiteralString

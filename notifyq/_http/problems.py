@@ -47,13 +47,16 @@ class ProblemResponse(JSONResponse):
 
 def problem(status: int, detail: str, *, field: str | None = None,
             errors: list[dict[str, str]] | None = None,
-            headers: dict[str, str] | None = None) -> ProblemResponse:
+            headers: dict[str, str] | None = None,
+            extra: dict[str, Any] | None = None) -> ProblemResponse:
+    """``extra``: members beside the standard ones (RFC 9457 extensions)."""
     body: dict[str, Any] = {"type": "about:blank", "title": TITLES.get(status, "Error"),
                             "status": status, "detail": detail}
     if field is not None:
         body["field"] = field
     if errors:
         body["errors"] = errors
+    body.update(extra or {})
     return ProblemResponse(body, status_code=status, headers=headers)
 
 

@@ -1,15 +1,21 @@
-"""``notifyq keys status|rotate|retire``: the command line of key rotation.
+"""``notifyq keys status|promote|rotate|pause|resume|retire``: the command line of key
+rotation.
 
 Each command loads the app (``--app MODULE:ATTR`` for columns registered in code; otherwise a
-bare App from the environment), checks the configured keys against the database, and prints
-text or, with ``--json``, JSON. ``rotate`` prints the run id alone on stdout (for scripts) and
-says what it did on stderr; ``rotate --wait`` reports progress on stderr while it waits (see
-:mod:`notifyq.crypto.watch`).
+bare App from the environment), checks the configured keys against the database where it
+encrypts or counts, and prints text or, with ``--json``, JSON. ``status``, ``promote``,
+``pause`` and ``resume`` need no keys (an admin box drives them). ``status`` exits
+``EXIT_NOT_DONE`` (3) while a row or a live process is not on the active version, so a pipeline
+can wait on it. ``rotate`` prints the run id alone on stdout (for scripts) and says what it did
+on stderr; ``rotate --wait`` reports progress on stderr while it waits (see
+:mod:`notifyq._keys.watch`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 from typing import Any
 
@@ -28,13 +34,26 @@ from notifyq._errors import NotifyqError
 from notifyq._keys.watch import RotationWatch, report_for
 from notifyq._run import Run, RunStatus
 
+EXIT_NOT_DONE = 3
+"""``keys status``: rows or live processes are still on another version than the active one."""
+
 
 def add_keys_parser(sub: Any) -> None:
-    keys = sub.add_parser("keys", help="master keys: status, rotate, retire")
+    keys = sub.add_parser("keys", help="master keys: status, promote, rotate, pause, resume, "
+                                       "retire")
     actions = keys.add_subparsers(dest="action", required=True, parser_class=Parser,
-                                  metavar="status|rotate|retire")
-    status = actions.add_parser("status", help="key versions, rows per version per column, "
-                                               "and the latest rotation")
+                                  metavar="status|promote|rotate|pause|resume|retire")
+    status = actions.add_parser("status", help="key versions, live processes and what they "
+                                               "hold, rows per version per column, the latest "
+                                               "rotation; exit 3 until all is on the active "
+                                               "version")
+    promote = actions.add_parser("promote", help="make a key version the one every process "
+                                                 "encrypts under (refused while a live process "
+                                                 "lacks it)")
+    promote.add_argument("version", metavar="VERSION", type=int)
+    promote.add_argument("--force", action="store_true",
+                         help="promote although live processes lack the version: they then "
+                              "refuse to encrypt and cannot read what is written under it")
     rotate = actions.add_parser("rotate", help="re-encrypt every registered column under the "
                                                "active key version (prints the run id)")
     rotate.add_argument("--wait", action="store_true",
@@ -46,14 +65,35 @@ def add_keys_parser(sub: Any) -> None:
     rotate.add_argument("--batch-size", metavar="N", type=int, help="rows per batch (500)")
     rotate.add_argument("--pause-s", metavar="S", type=float,
                         help="pause between batches to spare a busy database (0)")
-    retire = actions.add_parser("retire", help="stop decrypting a version no row uses any more")
+    _add_rate(rotate, "at most R rows per second (0: no limit); applies to a rotation already "
+                      "under way too")
+    pause = actions.add_parser("pause", help="pause the rotation before its next batch")
+    resume = actions.add_parser("resume", help="resume a paused rotation")
+    _add_rate(resume, "resume at R rows per second (0: no limit)")
+    retire = actions.add_parser("retire", help="stop decrypting a version no row and no live "
+                                               "process uses any more")
     retire.add_argument("version", metavar="VERSION", type=int)
-    for parser, func in ((status, cmd_keys_status), (rotate, cmd_keys_rotate),
-                         (retire, cmd_keys_retire)):
+    for parser, func in ((status, cmd_keys_status), (promote, cmd_keys_promote),
+                         (rotate, cmd_keys_rotate), (pause, cmd_keys_pause),
+                         (resume, cmd_keys_resume), (retire, cmd_keys_retire)):
         parser.add_argument("--app", help="MODULE:ATTR of your notifyq.App (for columns "
                                           "registered in code)")
         parser.add_argument("--json", action="store_true", help="print JSON")
         parser.set_defaults(func=func)
+
+
+def _add_rate(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument("--rate", metavar="R", type=_rate, dest="rate_per_s", help=text)
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be rows per second, got {text!r}") from None
+    if not 0 <= value <= 10_000_000:
+        raise argparse.ArgumentTypeError(f"must be 0 (no limit) to 10000000, got {text}")
+    return value
 
 
 def _with_app(args: argparse.Namespace, fn: Any) -> int:
@@ -70,6 +110,48 @@ def cmd_keys_status(args: argparse.Namespace) -> int:
     async def go(app: App, conn: AsyncConn) -> int:
         status = await app.keys.status(conn)
         _emit(args, status, lambda: status_text(status))
+        return 0 if status["done"] else EXIT_NOT_DONE
+    return _with_app(args, go)
+
+
+def cmd_keys_promote(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        by = f"notifyq keys promote on {socket.gethostname()} (pid {os.getpid()})"
+        result = await app.keys.promote(conn, args.version, force=args.force, by=by)
+        if result["forced"]:
+            _say(f"warning: promoted although {len(result['lacking'])} live process(es) lack "
+                 f"version {args.version}: they refuse to encrypt until they get it")
+        _emit(args, result, lambda: _promoted_text(result))
+        return 0
+    return _with_app(args, go)
+
+
+def _promoted_text(result: dict[str, Any]) -> str:
+    version = result["version"]
+    if not result["changed"]:
+        return f"key version {version} is already active"
+    return (f"promoted key version {version} (was {result['previous'] or 'none'}): workers "
+            "encrypt under it now, other processes from their next key check; then run "
+            "`notifyq keys rotate --wait`")
+
+
+def cmd_keys_pause(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        result = await app.keys.pause(conn)
+        _emit(args, result, lambda: f"paused rotation run {result['run_id']} (to version "
+                                    f"{result['target_version']}): `notifyq keys resume` "
+                                    "goes on from its last batch")
+        return 0
+    return _with_app(args, go)
+
+
+def cmd_keys_resume(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        result = await app.keys.resume(conn, rate_per_s=args.rate_per_s)
+        _emit(args, result, lambda: (f"resumed rotation run {result['run_id']}"
+                                     if result["resumed"] else
+                                     f"rotation run {result['run_id']} was not paused; its "
+                                     "rate limit is changed"))
         return 0
     return _with_app(args, go)
 
@@ -90,8 +172,8 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
 
     async def go(app: App, conn: AsyncConn) -> int:
         run, created = await app.keys.rotate(conn, batch_size=args.batch_size,
-                                             pause_s=args.pause_s)
-        target = app.keyring.active_version
+                                             pause_s=args.pause_s, rate_per_s=args.rate_per_s)
+        target = run.input.get("target_version") if isinstance(run.input, dict) else None
         _say(f"{'started' if created else 'already under way:'} rotation to key version "
              f"{target}, {run.job_type} run {run.id} (pool {run.pool})")
         if not args.wait:
@@ -141,10 +223,25 @@ def _emit(args: argparse.Namespace, data: Any, text: Any) -> None:
 
 def status_text(status: dict[str, Any]) -> str:
     lines = []
-    versions = [[str(v["version"]), _flags(v), v["first_seen_at"] or "-"]
-                for v in status["versions"]]
-    lines.append(table(["VERSION", "STATE", "FIRST SEEN"], versions) if versions
-                 else "no key versions")
+    versions = [[str(v["version"]), _flags(v), str(v["held_by"]), str(v["encrypted_by"]),
+                 v["first_seen_at"] or "-"] for v in status["versions"]]
+    lines.append(table(["VERSION", "STATE", "HELD BY", "ENCRYPTED BY", "FIRST SEEN"], versions)
+                 if versions else "no key versions")
+    promotion = status["promotion"]
+    if promotion:
+        lines.append(f"active: version {promotion['version']}, promoted "
+                     f"{promotion['promoted_at']} by {promotion['promoted_by']}"
+                     + (" (forced)" if promotion["forced"] else ""))
+    else:
+        lines.append("active: none yet (set NOTIFYQ_ACTIVE_KEY_VERSION or run `notifyq keys "
+                     "promote N`)")
+    if status["processes"]:
+        rows = [[p["id"], p["role"], ", ".join(map(str, p["versions"])),
+                 str(p["encrypts_with"]) if p["encrypts_with"] is not None
+                 else "none (lacks the active version)"] for p in status["processes"]]
+        lines.append(table(["PROCESS", "ROLE", "HOLDS", "ENCRYPTS WITH"], rows))
+    else:
+        lines.append("no live processes hold keys")
     if status["columns"]:
         rows = [[c["column"], str(c["rows"]),
                  ", ".join(f"v{v}: {n}" for v, n in c["by_version"].items()) or "-",
@@ -155,7 +252,10 @@ def status_text(status: dict[str, Any]) -> str:
     rotation = status["rotation"]
     if rotation:
         head = (f"latest rotation: run {rotation['run_id']} to version "
-                f"{rotation['target_version']}, {rotation['status']}")
+                f"{rotation['target_version']}, {rotation['status']}"
+                + (", paused" if rotation["paused"] else "")
+                + (f", at most {rotation['rate_limit_per_s']:g} rows/s"
+                   if rotation["rate_limit_per_s"] else ""))
         if rotation["undecryptable"]:
             head += f", {rotation['undecryptable']} rows could not be decrypted"
         lines.append(head)
@@ -163,7 +263,20 @@ def status_text(status: dict[str, Any]) -> str:
             lines.append(f"  {c['column']}: pass {c['pass']}, {c['reencrypted']} re-encrypted, "
                          f"{c['conflicts']} changed concurrently"
                          + (", finished" if c["finished"] else ""))
+    lines.append(_verdict(status))
     return "\n\n".join(lines)
+
+
+def _verdict(status: dict[str, Any]) -> str:
+    if status["done"]:
+        return f"done: every row and every live process is on version {status['active_version']}"
+    left = []
+    if status["rows_left"]:
+        left.append(f"{status['rows_left']:,} rows")
+    if status["processes_left"]:
+        left.append(f"{len(status['processes_left'])} process(es)")
+    return "not done: " + (" and ".join(left) or "no active version") + (
+        " not on the active version" if left else "")
 
 
 def _flags(version: dict[str, Any]) -> str:

@@ -15,11 +15,23 @@ re-encrypts; each later pass re-scans from the start and re-encrypts what appear
 (lost compare-and-swaps, stale writers still on an old key); the column is done after a pass
 that found nothing to change. A run killed mid-way resumes from its last committed batch; a new
 run with nothing left to do changes no row.
+
+Before it scans, the run waits (up to ``STALE_WRITERS_WAIT_S``) until no live process may still
+encrypt under another version (``key_holder_stale_writers``: each takes a promotion at its next
+key check), so the passes do not chase writes that are about to stop.
+
+**Throttle and pause.** Before every batch the run reads its ``key_rotation`` row: with a rate
+limit (``rate_per_s``, set by ``rotate --rate`` and changeable while it runs) a batch reads at
+most one second's worth of rows, after a wait that keeps the average within the rate
+(:class:`Pacer`);
+a paused rotation snoozes (its worker slot free, no attempt used) until ``resume`` makes the
+run due again, and goes on from its last checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,10 +43,17 @@ from psycopg.rows import dict_row
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from notifyq._crypto.keyring import Keyring
-from notifyq._db.queries import Queries
-from notifyq._errors import DecryptionFailed, Permanent, StaleWriters
-from notifyq._keys.admin import REENCRYPT, KeyAdmin, progress_json
+from notifyq._errors import (
+    ConfigError,
+    DecryptionFailed,
+    InvalidTransition,
+    Permanent,
+    Snooze,
+    StaleWriters,
+)
+from notifyq._keys.admin import REENCRYPT, KeyAdmin, describe
 from notifyq._keys.columns import ColumnQueries, EncryptedColumn
+from notifyq._keys.status import checkpoint_json
 from notifyq._runtime import Runtime
 from notifyq._tracing import child_span
 
@@ -48,6 +67,59 @@ AnyConn = psycopg.AsyncConnection[Any]
 FAILURES_IN_OUTPUT = 100
 _RETRY_BASE_S = 0.05
 _RETRY_MAX_S = 2.0
+PAUSED_RECHECK_S = 10.0
+"""A paused run snoozes this long at a time; ``resume`` makes it due at once, so this only
+bounds a resume that raced the snooze's write-back."""
+STALE_WRITERS_WAIT_S = 60.0
+STALE_WRITERS_POLL_S = 0.2
+
+
+def batch_limit(batch_size: int, rate_per_s: float | None) -> int:
+    """Rows per batch: ``batch_size``, but never more than one second's worth of the rate."""
+    if not rate_per_s:
+        return batch_size
+    return max(1, min(batch_size, math.ceil(rate_per_s)))
+
+
+class Pacer:
+    """Spaces a rotation's batches so that its rows per second stay within a rate.
+
+    Each batch is paid for (``rows / rate`` seconds) before it runs, and a batch's own work
+    counts towards the next one's payment, so the average from the first batch on stays within
+    the rate, and a rate measured while it runs (rows done over the time since it started) is
+    the rate. What a batch will read is not known before: it pays for as many rows as the batch
+    before it read (a full batch at first) and settles the difference afterwards
+    (:meth:`settle`), so the empty batches that end a pass or a column cost nothing (and the
+    first batch of the next column may run one batch ahead, once). Time spent slower than the
+    rate (a busy database, a pause) is not saved up for a burst later.
+
+    Example::
+
+        pacer = Pacer()
+        await anyio.sleep(pacer.wait_s(clock(), limit=500, rate_per_s=500))  # 1.0 s
+        pacer.settle(read=500, rate_per_s=500)
+    """
+
+    def __init__(self) -> None:
+        self._paid_until: float | None = None
+        self._expected: int | None = None
+
+    def wait_s(self, now: float, *, limit: int, rate_per_s: float | None) -> float:
+        if not rate_per_s:
+            self._paid_until = None
+            return 0.0
+        expected = limit if self._expected is None else min(self._expected, limit)
+        self._expected = expected
+        cost = expected / rate_per_s
+        begin = now if self._paid_until is None else max(self._paid_until, now - cost)
+        self._paid_until = begin + cost
+        return max(0.0, self._paid_until - now)
+
+    def settle(self, *, read: int, rate_per_s: float | None) -> None:
+        """The batch read ``read`` rows: charge (or refund) what it was not paid for."""
+        if rate_per_s and self._paid_until is not None and self._expected is not None:
+            self._paid_until += (read - self._expected) / rate_per_s
+        self._expected = read
 
 
 class ReencryptOptions(BaseModel):
@@ -115,33 +187,66 @@ class Reencryptor:
 
     async def rotate(self, run_id: UUID, options: ReencryptOptions) -> dict[str, Any]:
         async with self._rt.connection() as conn:
-            keyring = await self._keys.sync(conn)
-            if keyring.active_version != options.target_version:
-                raise RuntimeError(
-                    f"this worker's active key version is {keyring.active_version} but the "
-                    f"rotation targets {options.target_version}: deploy "
-                    f"NOTIFYQ_ACTIVE_KEY_VERSION={options.target_version} to every worker")
+            keyring = _targeting(await self._keys.sync(conn), options.target_version)
             await conn.execute(self._rt.queries.key_rotation_register, {
                 "run_id": run_id, "target_version": options.target_version, "now": None})
+            await self._wait_for_stale_writers(conn, options.target_version)
             columns = []
+            pacer = Pacer()  # one rate for the whole rotation, across columns
             for column in await self._keys.columns(conn):
                 cq = await self._keys.column_queries(conn, column)
                 columns.append(await _ColumnRotation(
-                    conn, self._rt.queries, keyring, cq, run_id=run_id, options=options,
-                    on_batch=self._on_batch, recheck=self._rt.checked_keyring).run())
+                    conn, self._rt, keyring, cq, run_id=run_id, options=options,
+                    on_batch=self._on_batch, pacer=pacer).run())
             failures = await self._keys.failures(conn, run_id, FAILURES_IN_OUTPUT + 1)
         return {"target_version": options.target_version, "columns": columns,
                 "undecryptable": failures[:FAILURES_IN_OUTPUT],
                 "undecryptable_truncated": len(failures) > FAILURES_IN_OUTPUT}
 
 
+    async def _wait_for_stale_writers(self, conn: AnyConn, target: int) -> None:
+        """Until no live process may still encrypt under another version (bounded: the passes
+        catch what a straggler writes)."""
+        q, clock = self._rt.queries, self._rt.clock
+        deadline = clock.monotonic() + STALE_WRITERS_WAIT_S
+        noted = False
+        while clock.monotonic() < deadline:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(q.key_holder_stale_writers, {"version": target, "now": None})
+                writers = await cur.fetchall()
+            if not writers:
+                return
+            if not noted:
+                log.info("waiting for processes that may still encrypt under an older version "
+                         "to take version %d at their next key check: %s", target,
+                         describe([{**w, "versions": [w["encrypts_with"]]} for w in writers]))
+                noted = True
+            await anyio.sleep(STALE_WRITERS_POLL_S)
+
+
+def _targeting(keyring: Keyring, target: int) -> Keyring:
+    """The keyring, if it can re-encrypt to ``target``: the cluster's active version, held
+    here."""
+    if keyring.active_version != target:
+        raise Permanent(InvalidTransition(
+            f"the rotation targets key version {target} but version {keyring.active_version} "
+            "is active now: this rotation is obsolete, run `notifyq keys rotate` again"))
+    if not keyring.holds(target):
+        raise ConfigError(f"this worker does not hold key version {target}, the rotation's "
+                          f"target (it holds {', '.join(map(str, keyring.versions))}): add it "
+                          "to every worker's NOTIFYQ_KEYS")
+    return keyring
+
+
 class _ColumnRotation:
-    def __init__(self, conn: AnyConn, queries: Queries, keyring: Keyring, cq: ColumnQueries, *,
+    def __init__(self, conn: AnyConn, runtime: Runtime, keyring: Keyring, cq: ColumnQueries, *,
                  run_id: UUID, options: ReencryptOptions, on_batch: BatchHook | None,
-                 recheck: Callable[[], Awaitable[Keyring]]) -> None:
+                 pacer: Pacer) -> None:
         self.conn = conn
-        self.recheck = recheck
-        self.q = queries
+        self.pacer = pacer
+        self.recheck = runtime.checked_keyring
+        self.clock = runtime.clock.monotonic
+        self.q = runtime.queries
         self.keyring = keyring
         self.cq = cq
         self.column = cq.column
@@ -157,13 +262,32 @@ class _ColumnRotation:
             # A long rotation meets the key check's interval: run it here, awaited, so the
             # keyring's guard never blocks the event loop mid-batch.
             await self.recheck()
-            progress, full = await self._batch_with_retries(progress)
-            if full:
+            rate = await self._rate_unless_paused()
+            limit = batch_limit(self.options.batch_size, rate)
+            wait = self.pacer.wait_s(self.clock(), limit=limit, rate_per_s=rate)
+            if wait > 0:
+                await anyio.sleep(wait)
+            progress, read = await self._batch_with_retries(progress, limit)
+            self.pacer.settle(read=read, rate_per_s=rate)
+            if read == limit:
                 if self.options.pause_s:
                     await anyio.sleep(self.options.pause_s)
                 continue
             progress = await self._end_pass(progress)
-        return progress_json(progress)
+        return checkpoint_json(progress)
+
+    async def _rate_unless_paused(self) -> float | None:
+        """The rotation's rate limit; Snooze when an operator paused it."""
+        async with self.conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(self.q.key_rotation_control, {"run_id": self.key["run_id"]})
+            control = await cur.fetchone()
+        if control is None:
+            return None
+        if control["paused"]:
+            log.info("rotation paused by an operator; stepping aside until it is resumed")
+            raise Snooze(PAUSED_RECHECK_S)
+        rate = control["rate_per_s"]
+        return float(rate) if rate else None
 
     async def _end_pass(self, progress: dict[str, Any]) -> dict[str, Any]:
         log.info("%s: pass %d done (%d re-encrypted so far, %d changed concurrently)",
@@ -177,34 +301,35 @@ class _ColumnRotation:
                                "old active key version")
         return await self._one(self.q.key_rotation_progress_next_pass)
 
-    async def _batch_with_retries(self, progress: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    async def _batch_with_retries(self, progress: dict[str, Any],
+                                  limit: int) -> tuple[dict[str, Any], int]:
         delay = _RETRY_BASE_S
         while True:
             try:
-                return await self._batch(progress)
+                return await self._batch(progress, limit)
             except psycopg.errors.LockNotAvailable:
                 log.info("%s: a row of the next batch is locked by live traffic; retrying in "
                          "%.2f s", self.column.name, delay)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX_S)
 
-    async def _batch(self, progress: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    async def _batch(self, progress: dict[str, Any], limit: int) -> tuple[dict[str, Any], int]:
         with child_span("key rotation batch", {
                 "notifyq.key.column": self.column.name,
                 "notifyq.key.target_version": self.options.target_version,
                 "notifyq.key.pass": progress["pass"]}) as span:
-            new, full = await self._batch_once(progress)
+            new, read = await self._batch_once(progress, limit)
             if span is not None:
                 span.set_attributes({
                     "notifyq.key.batch.reencrypted": new["reencrypted"] - progress["reencrypted"],
                     "notifyq.key.batch.conflicts": new["conflicts"] - progress["conflicts"],
-                    "notifyq.key.batch.full": full})
-            return new, full
+                    "notifyq.key.batch.full": read == limit})
+            return new, read
 
-    async def _batch_once(self, progress: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """One transaction: read a page, swap what decrypts, record what does not, and
-        checkpoint. Returns the new progress and whether the page was full."""
-        limit = self.options.batch_size
+    async def _batch_once(self, progress: dict[str, Any],
+                          limit: int) -> tuple[dict[str, Any], int]:
+        """One transaction: read a page of at most ``limit`` rows, swap what decrypts, record
+        what does not, and checkpoint. Returns the new progress and the rows read."""
         async with self.conn.transaction(), self.conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(self.q.key_rotation_lock_timeout,
                               {"lock_timeout": f"{self.options.lock_timeout_ms}ms"})
@@ -214,7 +339,7 @@ class _ColumnRotation:
                               else self.cq.page_after, params)
             rows = await cur.fetchall()
             if not rows:
-                return progress, False
+                return progress, 0
             batch = self._reencrypt(rows, progress["pass"])
             if self.on_batch is not None:
                 await self.on_batch(batch)
@@ -233,7 +358,7 @@ class _ColumnRotation:
                 "reencrypted": swapped, "conflicts": len(batch.pks) - swapped})
             new = await cur.fetchone()
         assert new is not None  # noqa: S101 - the progress row exists
-        return new, len(rows) == limit
+        return new, len(rows)
 
     def _reencrypt(self, rows: list[dict[str, Any]], pass_number: int) -> Batch:
         batch = Batch(self.column, pass_number)

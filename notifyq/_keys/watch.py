@@ -67,11 +67,13 @@ class Poll:
     unclaimed_s: float | None
     lease_lapsed_s: float | None
     columns: list[dict[str, Any]]
+    paused: bool = False
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Poll:
         return cls(RunStatus(row["status"]), row["pool"], row["attempts"], row["max_attempts"],
-                   row["error"], row["unclaimed_s"], row["lease_lapsed_s"], list(row["columns"]))
+                   row["error"], row["unclaimed_s"], row["lease_lapsed_s"], list(row["columns"]),
+                   bool(row["paused"]))
 
 
 def handled(column: Mapping[str, Any]) -> int:
@@ -96,6 +98,7 @@ class Snapshot:
     verifying: bool
     rate: float | None
     elapsed_s: float
+    paused: bool = False
 
     @property
     def percent(self) -> int | None:
@@ -105,7 +108,7 @@ class Snapshot:
 
     @property
     def eta_s(self) -> float | None:
-        if self.total is None or not self.rate or self.verifying:
+        if self.total is None or not self.rate or self.verifying or self.paused:
             return None
         return max(self.total - self.done, 0) / self.rate
 
@@ -154,7 +157,7 @@ def duration(seconds: float) -> str:
 
 def waiting(snap: Snapshot) -> bool:
     """Nothing to measure yet: the run has not been claimed."""
-    return snap.status is RunStatus.PENDING and not snap.done
+    return snap.status is RunStatus.PENDING and not snap.done and not snap.paused
 
 
 def pieces(snap: Snapshot, *, final: bool = False) -> list[str]:
@@ -167,6 +170,8 @@ def pieces(snap: Snapshot, *, final: bool = False) -> list[str]:
                else f"{snap.done:,} rows")
     if final:
         out.append(f"in {duration(snap.elapsed_s)}")
+    elif snap.paused:
+        out.append("paused (`notifyq keys resume` goes on)")
     elif snap.status is not RunStatus.RUNNING:
         out.append(snap.status.value)
     elif snap.verifying:
@@ -350,12 +355,14 @@ class RotationWatch:
                 average = (done - first_done) / now if now > 0 else None
                 self.report.close(Snapshot(poll.status, done, total, verifying, average, now))
                 return True
-            speed = rate.observe(now, done) if poll.status is RunStatus.RUNNING else None
+            moving = poll.status is RunStatus.RUNNING and not poll.paused
+            speed = rate.observe(now, done) if moving else None
             self._notes(poll)
             if timeout_s is not None and now >= timeout_s:
                 self.report.stop()
                 return False
-            self.report.show(Snapshot(poll.status, done, total, verifying, speed, now))
+            self.report.show(Snapshot(poll.status, done, total, verifying, speed, now,
+                                      poll.paused))
             await anyio.sleep(WAIT_POLL_S)
             poll = await self.poll()
 
@@ -373,6 +380,8 @@ class RotationWatch:
             self._noted = stuck
 
     def _stuck(self, poll: Poll) -> str | None:
+        if poll.paused:
+            return None
         where = f"the {REENCRYPT} run (pool {poll.pool})"
         start = f"start `{self.start_hint}` (or `notifyq serve`) with the same keys"
         if (poll.unclaimed_s or 0) >= NO_WORKER_AFTER_S:

@@ -3,7 +3,8 @@ heartbeating — go back to ``pending`` (or to ``failed`` when out of attempts).
 
 Expiry is re-checked inside the UPDATE, so a heartbeat that commits first keeps the run.
 Reaped runs' pools get a NOTIFY so an idle worker picks them up at once. The registry rows of
-workers that stopped heartbeating go too.
+workers that stopped heartbeating go too, and the key holders' rows of processes that stopped
+checking their keys.
 """
 
 from __future__ import annotations
@@ -45,4 +46,7 @@ class Reaper:
         async with self._db.connection() as conn:
             cur = await conn.execute(self._q.worker_reap_expired, {"now": self._clock.db_now()})
             counts["workers"] = len(await cur.fetchall())
+            cur = await conn.execute(self._q.key_holder_reap_expired,
+                                     {"now": self._clock.db_now()})
+            counts["key_holders"] = len(await cur.fetchall())
         return counts

@@ -1,6 +1,7 @@
-"""Keys: the key versions with their state, rows per version of every registered encrypted
-column, the rotation's progress (a bar, the rate and the time left), and the actions rotate and
-retire (the retirement guard's answer shown as it is)."""
+"""Keys: the key versions with their state, the live processes and the versions they hold,
+rows per version of every registered encrypted column, the rotation's progress (a bar, the rate
+and the time left), and the actions promote (after a confirmation that says which processes
+lack the version), rotate and retire (the guards' answers shown as they are)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
 from notifyq._errors import ConfigError, InvalidTransition, RotationInProgress
+from notifyq._keys.admin import describe
 from notifyq._ui.web import Problem, Signed, Ui, redirect
 
 
@@ -42,15 +44,37 @@ def add_key_pages(router: APIRouter, app: App, ui: Ui) -> None:
                 raise Problem(409, "Cannot rotate now", str(exc)) from None
         return redirect(request, "/keys", done="rotate")
 
+    @router.post("/keys/{version}/promote", response_class=HTMLResponse)
+    async def promote(request: Request, version: str) -> Response:
+        form = await ui.form(request)
+        number = _version(version)
+        async with (await app.pool()).connection() as conn:
+            if form.get("confirm") != "yes":
+                ready = await app.keys.readiness(conn, number)
+                return ui.page(request, ui.viewer(request), "keys_promote.html",
+                               key_version=number, ready=ready,
+                               lacking=describe(list(ready["lacking"])))
+            by = f"dashboard (token {ui.viewer(request).name})"
+            try:
+                await app.keys.promote(conn, number, by=by)
+            except (InvalidTransition, RotationInProgress) as exc:
+                raise Problem(409, f"Key version {number} stays inactive", str(exc)) from None
+        return redirect(request, "/keys", done="promote")
+
     @router.post("/keys/{version}/retire", response_class=HTMLResponse)
     async def retire(request: Request, version: str) -> Response:
         await ui.form(request)
-        if not version.isdigit() or not 1 <= int(version) <= 2_147_483_647:
-            raise Problem(422, "Not a key version", f"{version[:20]!r} is not a key version")
+        number = _version(version)
         async with (await app.pool()).connection() as conn:
             try:
-                await app.keys.retire(conn, int(version))
+                await app.keys.retire(conn, number)
             except (ConfigError, InvalidTransition) as exc:
                 # The guard's answer, word for word: why it may not be retired yet.
                 raise Problem(409, f"Key version {version} stays", str(exc)) from None
         return redirect(request, "/keys", done="retire")
+
+
+def _version(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 2_147_483_647:
+        raise Problem(422, "Not a key version", f"{text[:20]!r} is not a key version")
+    return int(text)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -63,7 +63,7 @@ def test_the_rotation_lock_is_a_transaction_scoped_advisory_lock(db: Conn, q: Qu
 def test_rotations_are_found_while_active_and_the_latest_is_reported(db: Conn,
                                                                      q: Queries) -> None:
     assert db.execute(q.key_rotation_find_active).fetchone() is None
-    assert db.execute(q.key_rotation_latest).fetchone() is None
+    assert db.execute(q.key_rotation_latest, {"now": T0}).fetchone() is None
     run = enqueue(db, q, "secret.reencrypt", {"target_version": 2})
     db.execute(q.key_rotation_register, {"run_id": run["id"], "target_version": 2, "now": T0})
     db.execute(q.key_rotation_register, {"run_id": run["id"], "target_version": 3, "now": T0})
@@ -71,7 +71,7 @@ def test_rotations_are_found_while_active_and_the_latest_is_reported(db: Conn,
     assert active == {"run_id": run["id"], "target_version": 2, "status": "pending"}
     db.execute("UPDATE notifyq.job_run SET status = 'completed' WHERE id = %s", (run["id"],))
     assert db.execute(q.key_rotation_find_active).fetchone() is None
-    latest = db.execute(q.key_rotation_latest).fetchone()
+    latest = db.execute(q.key_rotation_latest, {"now": T0}).fetchone()
     assert latest is not None
     assert (latest["run_id"], latest["target_version"], latest["status"]) == (
         run["id"], 2, "completed")
@@ -230,3 +230,149 @@ def test_encrypted_columns_are_recorded_once_and_listed_the_users_before_notifyq
         ("notifyq.webhook_secret", "ciphertext", "id", True)]
     assert db.execute("SELECT DISTINCT registered_at FROM notifyq.encrypted_column"
                       ).fetchall() == [{"registered_at": T0}]
+
+
+# -- promotion, key holders, throttle and pause (0023) ---------------------------------------------
+
+def _versions(db: Conn, q: Queries, *keys: tuple[int, bytes]) -> None:
+    db.execute(q.key_version_register, {"now": T0, "versions": [v for v, _ in keys],
+                                        "check_values": [check_value(k) for _, k in keys]})
+
+
+def _holder(db: Conn, q: Queries, holder_id: str, keys: dict[int, bytes], *,
+            encrypts_with: int | None = 1, now: datetime = T0, ttl_s: float = 30.0,
+            interval_s: float = 10.0, role: str = "worker") -> None:
+    db.execute(q.key_holder_record, {
+        "id": holder_id, "role": role, "host": "h", "pid": int(holder_id[-1]),
+        "versions": list(keys), "check_values": [check_value(k) for k in keys.values()],
+        "encrypts_with": encrypts_with, "interval_s": interval_s, "ttl_s": ttl_s, "now": now})
+
+
+def _promote(db: Conn, q: Queries, version: int, *, force: bool = False,
+             first_time: bool = False, now: datetime = T0) -> dict[str, Any]:
+    with db.transaction():
+        db.execute(q.key_rotation_lock)
+        row = db.execute(q.key_active_promote, {
+            "version": version, "force": force, "first_time": first_time, "by": "test",
+            "now": now, "channel": "nq_test_keys"}).fetchone()
+    assert row is not None
+    return row
+
+
+def test_holders_are_recorded_renewed_listed_while_alive_and_reaped_after(db: Conn,
+                                                                          q: Queries) -> None:
+    _holder(db, q, "h:1", {1: K1})
+    _holder(db, q, "h:2", {1: K1, 2: K2}, now=T0 + timedelta(seconds=20))
+    _holder(db, q, "h:1", {1: K1, 2: K2}, encrypts_with=2, now=T0 + timedelta(seconds=25))
+    live = db.execute(q.key_holder_list, {"now": T0 + timedelta(seconds=40)}).fetchall()
+    assert [(r["id"], r["versions"], r["encrypts_with"], r["started_at"]) for r in live] == [
+        ("h:1", [1, 2], 2, T0), ("h:2", [1, 2], 1, T0 + timedelta(seconds=20))]
+    later = T0 + timedelta(seconds=52)
+    assert [r["id"] for r in db.execute(q.key_holder_list, {"now": later}).fetchall()] == ["h:1"]
+    assert db.execute(q.key_holder_reap_expired, {"now": later}).fetchall() == [{"id": "h:2"}]
+    db.execute(q.key_holder_leave, {"id": "h:1"})
+    assert db.execute(q.key_holder_list, {"now": T0}).fetchall() == []
+
+
+def test_promotion_is_refused_naming_the_live_processes_without_the_versions_check_value(
+        db: Conn, q: Queries) -> None:
+    _versions(db, q, (1, K1), (2, K2))
+    _holder(db, q, "h:1", {1: K1, 2: K2})
+    _holder(db, q, "h:2", {1: K1})
+    _holder(db, q, "h:3", {1: K1, 2: os.urandom(32)})  # another key under 2: not held
+    _holder(db, q, "h:4", {1: K1}, ttl_s=1)  # gone by now
+    refused = _promote(db, q, 2, now=T0 + timedelta(seconds=5))
+    assert refused["outcome"] == "lacking"
+    assert [p["id"] for p in refused["lacking"]] == ["h:2", "h:3"]
+    assert refused["lacking"][0] == {"id": "h:2", "role": "worker", "host": "h", "pid": 2,
+                                     "versions": [1]}
+    assert db.execute(q.key_active_get).fetchone() is None
+
+    forced = _promote(db, q, 2, force=True, now=T0 + timedelta(seconds=6))
+    assert (forced["outcome"], forced["previous"]) == ("promoted", None)
+    assert forced["promoted_at"] == T0 + timedelta(seconds=6)
+    assert db.execute(q.key_active_get).fetchone() == {
+        "version": 2, "promoted_at": T0 + timedelta(seconds=6), "promoted_by": "test",
+        "forced": True}
+    listed = db.execute(q.key_version_list).fetchall()
+    assert [(r["version"], r["active"], r["promoted_at"]) for r in listed] == [
+        (1, False, None), (2, True, T0 + timedelta(seconds=6))]
+
+
+def test_promotion_answers_unknown_retired_unchanged_and_not_first_without_writing(
+        db: Conn, q: Queries) -> None:
+    _versions(db, q, (1, K1), (2, K2), (3, os.urandom(32)))
+    assert _promote(db, q, 9)["outcome"] == "unknown"
+    db.execute(q.key_version_retire, {"version": 3, "now": T0})
+    assert _promote(db, q, 3)["outcome"] == "retired"
+    assert _promote(db, q, 1)["outcome"] == "promoted"  # no live holder: nobody lacks it
+    assert _promote(db, q, 1)["outcome"] == "unchanged"
+    assert _promote(db, q, 2)["outcome"] == "promoted"
+    back = _promote(db, q, 1, first_time=True)
+    assert (back["outcome"], back["previous"]) == ("not_first", 2)
+    assert _promote(db, q, 1)["outcome"] == "promoted"  # an operator may go back
+    assert db.execute(q.key_active_get).fetchone()["version"] == 1  # type: ignore[index]
+
+
+def test_promotion_waits_for_a_rotation_to_another_version_and_announces_itself(
+        db: Conn, db2: Conn, q: Queries) -> None:
+    _versions(db, q, (1, K1), (2, K2))
+    _promote(db, q, 1)
+    run = enqueue(db, q, "secret.reencrypt", {"target_version": 1})
+    db.execute(q.key_rotation_register, {"run_id": run["id"], "target_version": 1, "now": T0})
+    blocked = _promote(db, q, 2)
+    assert blocked["outcome"] == "rotating"
+    assert blocked["rotation"] == {"run_id": str(run["id"]), "target_version": 1,
+                                   "status": "pending"}
+    db.execute("UPDATE notifyq.job_run SET status = 'completed' WHERE id = %s", (run["id"],))
+    db2.execute("LISTEN nq_test_keys")
+    assert _promote(db, q, 2)["outcome"] == "promoted"
+    notes = list(db2.notifies(timeout=2, stop_after=1))
+    assert [n.payload for n in notes] == ["k:2"]
+    db.execute(q.key_announce, {"channel": "nq_test_keys", "version": 1})
+    assert [n.payload for n in db2.notifies(timeout=2, stop_after=1)] == ["k:1"]
+
+
+def test_stale_writers_are_live_processes_on_another_version_until_their_next_check_is_due(
+        db: Conn, q: Queries) -> None:
+    _holder(db, q, "h:1", {1: K1, 2: K2}, encrypts_with=1, interval_s=10)
+    _holder(db, q, "h:2", {1: K1, 2: K2}, encrypts_with=2, interval_s=10)
+    _holder(db, q, "h:3", {1: K1}, encrypts_with=None, interval_s=10)  # encrypts nothing
+    params = {"version": 2, "now": T0 + timedelta(seconds=5)}
+    assert [r["id"] for r in db.execute(q.key_holder_stale_writers, params)] == ["h:1"]
+    params["now"] = T0 + timedelta(seconds=10)  # h:1 checks again before its next encrypt
+    assert db.execute(q.key_holder_stale_writers, params).fetchall() == []
+
+
+def test_a_rotation_is_throttled_paused_and_resumed_with_its_paused_time_added_up(
+        db: Conn, q: Queries) -> None:
+    assert db.execute(q.key_rotation_pause, {"now": T0}).fetchall() == []
+    run = enqueue(db, q, "secret.reencrypt", {"target_version": 2})
+    db.execute(q.key_rotation_register, {"run_id": run["id"], "target_version": 2, "now": T0})
+    key = {"run_id": run["id"]}
+    assert db.execute(q.key_rotation_control, key).fetchone() == {"rate_per_s": None,
+                                                                  "paused": False}
+    db.execute(q.key_rotation_throttle, {**key, "rate_per_s": 250.0})
+    assert db.execute(q.key_rotation_resume, {"now": T0}).fetchall() == []  # not paused
+    paused = db.execute(q.key_rotation_pause, {"now": T0}).fetchall()
+    assert [(r["run_id"], r["paused_at"]) for r in paused] == [(run["id"], T0)]
+    db.execute(q.key_rotation_pause, {"now": T0 + timedelta(seconds=3)})  # keeps the first
+    assert db.execute(q.key_rotation_control, key).fetchone() == {"rate_per_s": 250.0,
+                                                                  "paused": True}
+    watched = db.execute(q.key_rotation_watch, {**key, "now": T0}).fetchone()
+    assert watched is not None
+    assert watched["paused"]
+    # The run snoozed while paused: pending, due in an hour.
+    db.execute("UPDATE notifyq.job_run SET run_at = %s WHERE id = %s",
+               (T0 + timedelta(hours=1), run["id"]))
+    resumed = db.execute(q.key_rotation_resume, {"now": T0 + timedelta(seconds=8)}).fetchone()
+    assert resumed == {"run_id": run["id"], "target_version": 2, "pool": "default",
+                       "status": "pending", "woken": True}
+    row = db.execute("SELECT run_at FROM notifyq.job_run WHERE id = %s", (run["id"],)).fetchone()
+    assert row == {"run_at": T0 + timedelta(seconds=8)}
+    latest = db.execute(q.key_rotation_latest, {"now": T0}).fetchone()
+    assert latest is not None
+    assert (latest["paused_at"], latest["paused_s"], latest["rate_per_s"]) == (None, 8.0, 250.0)
+    db.execute(q.key_rotation_throttle, {**key, "rate_per_s": None})
+    assert db.execute(q.key_rotation_control, key).fetchone() == {"rate_per_s": None,
+                                                                  "paused": False}

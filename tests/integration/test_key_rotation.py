@@ -21,6 +21,7 @@ from notifyq import (
     ConfigError,
     InvalidTransition,
     Keyring,
+    PromotionRefused,
     RetiredKeyVersion,
     RotationInProgress,
 )
@@ -49,7 +50,9 @@ def _ctx(pk: Any) -> Context:
 async def _enqueue_rotation(app: App, **options: Any) -> tuple[UUID, ReencryptOptions]:
     async with (await app.pool()).connection() as conn:
         run, _ = await app.keys.rotate(conn)
-    return run.id, ReencryptOptions(target_version=app.keyring.active_version, **options)
+    target = app.keyring.active_version
+    assert target is not None
+    return run.id, ReencryptOptions(target_version=target, **options)
 
 
 def _max_xmin(sql: Sql) -> int:
@@ -88,27 +91,35 @@ async def test_rotating_ten_thousand_rows_across_two_tables_leaves_every_row_rea
         assert _max_xmin(sql) == before  # nothing was written
 
 
-async def test_rotate_returns_the_pending_run_and_refuses_another_target_meanwhile(
+async def test_rotate_returns_the_pending_run_and_a_promotion_waits_until_it_is_over(
         dsn: str, sql: Sql) -> None:
     vault.fill(sql, vault.keyring(1, active=1), 10, 10)
     to_2 = vault.vault_app(dsn, 1, 2, active=2)
-    to_3 = vault.vault_app(dsn, 1, 2, 3, active=3)
-    async with to_2, to_3:
+    admin = vault.vault_app(dsn, 1, 2, 3, active=None)  # follows the cluster's version
+    async with to_2, admin:
         async with (await to_2.pool()).connection() as conn:
             first, created = await to_2.keys.rotate(conn)
             second, created_again = await to_2.keys.rotate(conn)
         assert (created, created_again) == (True, False)
         assert second.id == first.id
-        async with (await to_3.pool()).connection() as conn:
+        async with (await admin.pool()).connection() as conn:
+            await admin.keys.sync(conn)
             with pytest.raises(RotationInProgress, match=f"rotation to key version 2 is still "
                                                          f"pending \\(run {first.id}\\)"):
-                await to_3.keys.rotate(conn)
-        await to_2.cancel(first.id)
-        async with (await to_3.pool()).connection() as conn:
-            third, created = await to_3.keys.rotate(conn)
-        assert created
-        assert third.id != first.id
-        assert third.input == {"target_version": 3}
+                await admin.keys.promote(conn, 3, by="test")
+            await admin.cancel(first.id)
+            with pytest.raises(PromotionRefused, match="1 live process\\(es\\) do not hold it: "
+                                                       f"app {to_2._runtime.key_holder.id} "
+                                                       "\\(holds 1, 2\\)") as refused:
+                await admin.keys.promote(conn, 3, by="test")
+            assert [p["id"] for p in refused.value.processes] == [to_2._runtime.key_holder.id]
+    async with admin, (await admin.pool()).connection() as conn:  # to_2 has left
+        promoted = await admin.keys.promote(conn, 3, by="test")
+        third, created = await admin.keys.rotate(conn)
+    assert (promoted["previous"], promoted["changed"]) == (2, True)
+    assert created
+    assert third.id != first.id
+    assert third.input == {"target_version": 3}
 
 
 async def test_a_write_between_the_read_and_the_swap_keeps_the_writers_value(

@@ -159,14 +159,20 @@ def test_timeout_without_wait_is_refused(dsn: str) -> None:
 def test_a_failed_attempt_of_the_rotation_is_reported_while_waiting(
         dsn: str, sql: psycopg.Connection[Any], logs: Any) -> None:
     vault.fill(sql, vault.keyring(1, active=1), 10, 0)
-    stale = vault.keys_env(1, 2, active=1)  # a worker deployed without the new active version
-    with Workers(dsn, logs, app=VAULT_APP, extra_env=stale) as workers:
+    lacking = vault.keys_env(1, active=1)  # a worker deployed without the new key
+    with Workers(dsn, logs, app=VAULT_APP, extra_env=lacking) as workers:
         workers.start()
+        workers.wait_registered()
+        forced = subprocess.run([sys.executable, "-m", "notifyq", "keys", "promote", "2",
+                                 "--force", "--app", VAULT_APP], env=_env(dsn), cwd=ROOT,
+                                capture_output=True, text=True, timeout=60, check=False)
+        assert forced.returncode == 0, forced.stderr
+        assert "warning: promoted although 1 live process(es) lack version 2" in forced.stderr
         result = subprocess.run(_rotate("--timeout", "6"), env=_env(dsn), cwd=ROOT,
                                 capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 124, result.stderr
     failed = [line for line in result.stderr.splitlines() if line.startswith("attempt ")]
     assert failed[:1] == [
-        "attempt 1 of 25 of the secret.reencrypt run failed: this worker's active key version "
-        "is 1 but the rotation targets 2: deploy NOTIFYQ_ACTIVE_KEY_VERSION=2 to every worker; "
+        "attempt 1 of 25 of the secret.reencrypt run failed: this worker does not hold key "
+        "version 2, the rotation's target (it holds 1): add it to every worker's NOTIFYQ_KEYS; "
         "it will be retried"], result.stderr

@@ -193,9 +193,10 @@ def test_a_worker_from_the_wheel_runs_handlers_delivers_a_signed_webhook_and_rot
         assert Webhook(endpoint["secret"]).verify(first.body, first.headers) == {"id": 42}
         assert worker.stop() == 0, worker.logs()
 
-        # The README's rotation: a second key, active everywhere, then `keys rotate --wait`.
+        # The README's rotation: a second key deployed, promoted, then `keys rotate --wait`.
         two_keys = clean_env(**common, **vault.keys_env(1, 2, active=2))
         worker = WheelWorker(installed, app_dir, two_keys, tmp_path / "worker.log")
+        installed.notifyq("keys", "promote", "2", env=two_keys)
         out = installed.notifyq("keys", "rotate", "--wait", "--json", env=two_keys)
         rotation = json.loads(out)
         assert rotation["run"]["status"] == "completed", out

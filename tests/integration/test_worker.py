@@ -731,7 +731,8 @@ async def test_a_stale_worker_loses_its_write_after_a_takeover(dsn: str) -> None
         first = await claim("worker-a")
         clock.advance(timedelta(seconds=5))  # worker-a stopped heartbeating
         reaped = await Reaper(db, q, clock, app.settings.reaper).run_once()
-        assert reaped == {"pending": 1, "failed": 0, "canceled": 0, "workers": 0}
+        assert reaped == {"pending": 1, "failed": 0, "canceled": 0, "workers": 0,
+                          "key_holders": 0}
         second = await claim("worker-b")
         assert second["fence"] != first["fence"]  # a fresh random fence per claim
 

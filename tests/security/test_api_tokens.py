@@ -16,6 +16,7 @@ import pytest
 from notifyq._settings import load_settings
 from tests import vault
 from tests.integration.serving import ADMIN, READER, Served
+from tests.support import wait_until
 
 Sql = psycopg.Connection[Any]
 
@@ -94,11 +95,15 @@ def _key_rows(sql: Sql) -> tuple[int, int]:
 
 
 def test_key_status_with_the_read_token_writes_nothing(dsn: str, logs: Path, sql: Sql) -> None:
+    """The server records its own keys once at start (it is a key holder, issue 35); a
+    status request, with a read token, writes nothing beyond that."""
     with Served(dsn, logs / "serve.log", env=vault.keys_env(1, active=1),
                 args=["--no-worker"]) as server, server.client(READER) as http:
-        before = _key_rows(sql)
+        wait_until(lambda: _key_rows(sql) == (1, 2))  # its first key check (+ webhook columns)
+        holders = sql.execute("SELECT id FROM notifyq.key_holder").fetchall()
         status = http.get("/v1/keys")
         assert status.status_code == 200, status.text
-        assert [(v["version"], v["configured"], v["first_seen_at"])
-                for v in status.json()["versions"]] == [(1, True, None)]
-        assert _key_rows(sql) == before == (0, 0)
+        assert [(v["version"], v["configured"], v["active"])
+                for v in status.json()["versions"]] == [(1, True, True)]
+        assert _key_rows(sql) == (1, 2)
+        assert sql.execute("SELECT id FROM notifyq.key_holder").fetchall() == holders

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from notifyq import App, ConfigError, InvalidTransition, RetiredKeyVersion
+from notifyq._crypto.ciphertext import version_of
 from tests import vault
 from tests.conftest import fast_settings
 from tests.integration.serving import ADMIN, Served
@@ -97,25 +98,29 @@ async def test_serve_without_a_worker_and_a_wrong_key_refuses_to_store_an_endpoi
     assert sql.execute("SELECT count(*) FROM notifyq.webhook_endpoint").fetchone() == (0,)
 
 
-async def test_a_retirement_reaches_a_running_process_within_the_check_interval(
+async def test_a_promotion_and_a_retirement_reach_a_running_process_within_the_interval(
         dsn: str, sql: Sql) -> None:
-    """A process still active on version 1 stops writing v1 ciphertexts once 1 is retired
-    elsewhere, within key_check_interval_s (0.5 s here); a process active on 2 stops reading
-    them."""
+    """A process that started on version 1 encrypts under 2 within key_check_interval_s (0.5 s
+    here) of its promotion elsewhere, and stops reading version 1 as soon after it is retired
+    elsewhere (which is refused until that process took version 2)."""
     vault.fill(sql, vault.keyring(1, active=1), 0, 0)
     old = vault.vault_app(dsn, 1, 2, active=1, key_check_interval_s=0.5)
-    new = vault.vault_app(dsn, 1, 2, active=2, key_check_interval_s=0.5)
+    admin = vault.vault_app(dsn, 1, 2, active=None, key_check_interval_s=0.5)
     column = old.encrypted_column(vault.TABLE_A, column="secret")
-    async with old, new:
-        blob = old.keyring.encrypt(b"before", column.context(1))  # checked: 1 is fine
-        assert new.keyring.decrypt(blob, column.context(1)) == b"before"
-        async with (await new.pool()).connection() as conn:
-            await new.keys.retire(conn, 1)
+    async with old, admin:
+        blob = old.keyring.encrypt(b"before", column.context(1))  # checked: 1 is active
+        assert version_of(blob) == 1
+        async with (await admin.pool()).connection() as conn:
+            await admin.keys.promote(conn, 2, by="test")
+
+        async def encrypts_under_2() -> None:
+            assert version_of(old.keyring.encrypt(b"after", column.context(2))) == 2
+        await eventually(encrypts_under_2, timeout=5)
+        async with (await admin.pool()).connection() as conn:
+            await admin.keys.retire(conn, 1)
 
         async def refused() -> None:
-            assert _raised(lambda: old.keyring.encrypt(b"after", column.context(2))) == (
-                "ConfigError: NOTIFYQ_ACTIVE_KEY_VERSION=1 is retired: activate a newer version")
-            assert _raised(lambda: new.keyring.decrypt(blob, column.context(1))) == (
+            assert _raised(lambda: old.keyring.decrypt(blob, column.context(1))) == (
                 f"RetiredKeyVersion: cannot decrypt {column.context(1)}: key version 1 is "
                 "retired")
         await eventually(refused, timeout=5)

@@ -326,6 +326,55 @@ def test_the_keys_page_shows_versions_and_retire_answers_with_the_guard(
     assert admin.post("/ui/keys/nope/retire").status_code == 422
 
 
+def test_promote_on_the_keys_page_asks_first_and_names_the_processes_without_the_version(
+        dsn: str, sql: Conn, logs: Path) -> None:
+    """The served process holds versions 1 and 2, 1 active; a second process (its key holder
+    row, written here) holds only 1."""
+    env = {**keys_env(1, 2, active=1), "NOTIFYQ_WEBHOOKS__ALLOWED_NETWORKS": "127.0.0.0/8"}
+    with Served(dsn, logs / "serve.log", env=env) as served, Dashboard(served) as admin, \
+            Dashboard(served) as reader:
+        assert admin.sign_in(ADMIN).status_code == 303
+        assert reader.sign_in(READER).status_code == 303
+        wait_until(lambda: _holders(sql, 1))  # the served process, at its first key check
+        page = admin.get("/ui/keys").text
+        assert 'action="/ui/keys/2/promote"' in page
+        assert 'action="/ui/keys/2/promote"' not in reader.get("/ui/keys").text
+        sql.execute("INSERT INTO notifyq.key_holder (id, role, host, pid, versions, "
+                    "check_values, encrypts_with, interval_s, started_at, checked_at, "
+                    "expires_at) SELECT 'web:42:abc', 'app', 'web', 42, ARRAY[1], "
+                    "ARRAY[check_value], 1, 10, now(), now(), now() + interval '1 hour' "
+                    "FROM notifyq.key_version WHERE version = 1")
+
+        asked = admin.post("/ui/keys/2/promote")
+        assert asked.status_code == 200, asked.text
+        assert "do not hold version 2" not in asked.text
+        assert "1 live process does not hold version 2" in asked.text
+        assert "app web:42:abc (holds 1)" in asked.text
+        refused = admin.post("/ui/keys/2/promote", {"confirm": "yes"})
+        assert refused.status_code == 409
+        assert "Key version 2 stays inactive" in refused.text
+        assert scalar(sql, "SELECT version FROM notifyq.key_active") == 1
+
+        sql.execute("DELETE FROM notifyq.key_holder WHERE id = 'web:42:abc'")  # it stopped
+        ready = admin.post("/ui/keys/2/promote")
+        assert "Every live process holds version 2" in ready.text
+        assert admin.post("/ui/keys/2/promote", {"confirm": "yes"},
+                          csrf=False).status_code == 403
+        assert reader.post("/ui/keys/2/promote", {"confirm": "yes"}).status_code == 403
+        assert scalar(sql, "SELECT version FROM notifyq.key_active") == 1
+        done = admin.post("/ui/keys/2/promote", {"confirm": "yes"})
+        assert (done.status_code, done.headers["location"]) == (303, "/ui/keys?done=promote")
+        assert scalar(sql, "SELECT version FROM notifyq.key_active") == 2
+        assert scalar(sql, "SELECT promoted_by FROM notifyq.key_active") == (
+            "dashboard (token admin)")
+        assert "Key version promoted" in admin.get("/ui/keys?done=promote").text
+        assert admin.post("/ui/keys/nope/promote").status_code == 422
+
+
+def _holders(sql: Conn, n: int) -> None:
+    assert scalar(sql, "SELECT count(*) FROM notifyq.key_holder") == n
+
+
 def test_the_schedules_page_lists_ticks_with_their_next_tick(served: Served, sql: Conn,
                                                              admin: Dashboard) -> None:
     run_id = enqueue_sql(sql, "svc.echo")[0]

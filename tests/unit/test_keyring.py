@@ -134,6 +134,40 @@ def test_configured_keys_parses_versions_commas_newlines_and_comments() -> None:
     assert configured_keys(None, None, None) is None
 
 
+def test_keys_without_an_active_version_are_a_keyring_that_follows_the_cluster(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NOTIFYQ_KEYS", f"1:{b64(K1)}")
+    settings = load_settings()
+    assert configured_keys(settings.keys.get_secret_value() if settings.keys else None, None,
+                           settings.active_key_version) == ({1: K1}, None)
+
+
+def test_a_keyring_with_no_active_version_decrypts_and_refuses_to_encrypt_saying_what_to_do(
+        ring: Keyring) -> None:
+    blob = ring.encrypt(b"s3cret", CTX)
+    follower = Keyring({1: K1, 2: K2}, active=None)
+    assert follower.decrypt(blob, CTX) == b"s3cret"
+    with pytest.raises(ConfigError, match=r"no key version is active: set "
+                                          r"NOTIFYQ_ACTIVE_KEY_VERSION .* `notifyq keys "
+                                          r"promote N`"):
+        follower.encrypt(b"x", CTX)
+
+
+def test_a_keyring_told_to_encrypt_under_a_version_it_lacks_refuses_rather_than_fall_back(
+        ring: Keyring) -> None:
+    old = Keyring({1: K1}, active=1)
+    written_under_1 = old.encrypt(b"old", CTX)
+    old.set_active(2)  # the cluster promoted 2; this process was deployed without it
+    assert old.decrypt(written_under_1, CTX) == b"old"
+    with pytest.raises(ConfigError, match=r"key version 2 is active but this process does not "
+                                          r"hold it \(configured: 1\): add version 2 to "
+                                          r"NOTIFYQ_KEYS") as raised:
+        old.encrypt(b"new", CTX)
+    assert b64(K1) not in str(raised.value)
+    assert not old.holds(2)
+    assert old.holds(1)
+
+
 BAD_KEYS = {
     "bad-base64": (f"1:{b64(K1)[:-2]}!!", None, 1, "key version 1 is not valid base64"),
     "short-key": (f"1:{b64(K1[:16])}", None, 1, "key version 1 is 16 bytes; keys must be 32"),
@@ -145,7 +179,6 @@ BAD_KEYS = {
     "not-a-number": (f"one:{b64(K1)}", None, 1, "entry 1 must look like VERSION:BASE64"),
     "empty": ("", None, 1, "NOTIFYQ_KEYS holds no keys"),
     "only-commas": (" , ,", None, 1, "NOTIFYQ_KEYS holds no keys"),
-    "missing-active": (f"1:{b64(K1)}", None, None, "NOTIFYQ_ACTIVE_KEY_VERSION is required"),
     "active-not-configured": (f"1:{b64(K1)},2:{b64(K2)}", None, 3,
                               "NOTIFYQ_ACTIVE_KEY_VERSION=3 is not a configured key version "
                               r"\(configured: 1, 2\)"),

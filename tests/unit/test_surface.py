@@ -56,7 +56,7 @@ PUBLIC = [
     "ConfigError", "DatabaseUnavailable", "DecryptionFailed", "DedupePolicy", "EncryptedColumn",
     "Endpoint", "EnqueueRequest", "InvalidEndpoint", "InvalidEnqueue", "InvalidTransition",
     "JobContext", "Keyring", "ManualClock", "NotifyqError", "PayloadTooLarge", "Permanent",
-    "RateLimit",
+    "PromotionRefused", "RateLimit",
     "ResultTimeout", "RetiredKeyVersion", "RetryPolicy", "RotationInProgress", "Run", "RunFailed",
     "RunInfo", "RunNotFound", "RunStatus", "ScheduleNotFound", "SchemaError", "Scope",
     "SentMessage", "Settings", "Snooze", "Stats", "StepError", "SystemClock", "UnknownJobType",
