@@ -22,7 +22,7 @@ run: ``enqueue_many`` below 300 runs), ``copy_1000`` (``enqueue_many``'s COPY of
 pool, ``job_run_claim_keyed``, over K concurrency keys with N pending runs each and a limit of 5
 per key, then a bare UPDATE that finishes what it claimed, so every call finds its keys free),
 ``load_B`` / ``record_B`` (a webhook delivery's load of B deliveries and the record of their B
-successful attempts, ``webhook_delivery_load_many`` / ``webhook_attempt_record_many``),
+successful attempts, ``webhook_delivery_load_many`` / ``webhook_attempt_record_succeeded``),
 ``send_1`` (``webhooks.send`` to one endpoint) and ``send_many_1000`` (``send_many`` of 1,000
 messages to one endpoint, per message).
 
@@ -231,17 +231,15 @@ def _load(conn: psycopg.Connection[Any], state: dict[str, Any]) -> None:
 
 
 def _record(conn: psycopg.Connection[Any], state: dict[str, Any]) -> None:
+    """The record of B successful attempts, as the deliverer sends it."""
     ids = _take(state, state["batch"])
     n = len(ids)
-    conn.execute(Q.webhook_attempt_record_many, {
+    conn.execute(Q.webhook_attempt_record_succeeded, {
         "message_ids": ids, "endpoint_ids": [state["endpoint"]] * n, "run_ids": [None] * n,
         "triggers": ["scheduled"] * n, "attempts": [1] * n, "webhook_timestamps": [1] * n,
         "urls": ["http://127.0.0.1:9/x"] * n, "status_codes": [200] * n,
-        "error_kinds": [None] * n, "errors": [None] * n, "durations_ms": [1.0] * n,
-        "response_bodies": ["ok"] * n, "response_truncated": [False] * n,
-        "next_attempt_ats": [None] * n, "delivery_statuses": ["succeeded"] * n,
-        "counted": [1] * n, "succeeded": [True] * n, "now": None, "breaker_failures": 5,
-        "breaker_cooldown_s": 60.0}).fetchall()
+        "durations_ms": [1.0] * n, "response_bodies": ["ok"] * n,
+        "response_truncated": [False] * n, "counted": [1] * n, "now": None})
 
 
 def _send(conn: psycopg.Connection[Any], state: dict[str, Any]) -> None:
@@ -308,11 +306,11 @@ def measure(dsn: str, counts: Path, name: str) -> float:
         step = {"load": _load, "record": _record, "send": _send, "send_many": _send}[kind]
 
         def setup_webhooks(conn: psycopg.Connection[Any]) -> dict[str, Any]:
-            state = {**_webhooks(conn, 3000), "batch": batch}
+            state = {**_webhooks(conn, 1000), "batch": batch}
             for _ in range(5):
                 step(conn, state)
             return state
-        calls = 5 if batch >= 1000 else 40
+        calls = 3 if batch >= 1000 else 20
         return per_call(dsn, counts, setup_webhooks, step, calls) / (
             batch if kind == "send_many" else 1)
     if name.startswith("keyed_"):
