@@ -772,7 +772,10 @@ BEGIN
         SELECT uuid7(), 'webhook.deliver', coalesce(def.version, 1), t.input, 'webhooks',
                coalesce(def.priority_default, 0), t.run_at, 100, def.timeout_s, ARRAY[]::text[],
                'event', msg_id, def.scope_entity_type,
-               _expand_template(def.concurrency_key_template, t.input),
+               -- notifyq's own template, without a plpgsql call per run (~20 us each)
+               CASE WHEN def.concurrency_key_template = 'webhook:{endpoint_id}'
+                    THEN 'webhook:' || t.id
+                    ELSE _expand_template(def.concurrency_key_template, t.input) END,
                CASE WHEN def.concurrency_key_template IS NOT NULL
                     THEN coalesce(def.concurrency_limit, 1) END
         FROM targets t
