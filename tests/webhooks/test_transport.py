@@ -255,3 +255,30 @@ async def test_bytes_sent_after_a_response_never_answer_the_next_request(
         second = await http.post(server.url(), content=b"{}")
     assert [(r.status_code, r.content) for r in (first, second)] == [(200, b"ok")] * 2
     assert server.connections == 2
+
+
+async def test_bytes_that_arrive_while_a_connection_is_idle_never_answer_the_next_request(
+        ) -> None:
+    forged = b"HTTP/1.1 201 Forged\r\ncontent-length: 6\r\n\r\nforged"
+    idle_write = anyio.Event()
+
+    async def answers_then_speaks_up(reader: asyncio.StreamReader,
+                                     writer: asyncio.StreamWriter, server: Server,
+                                     number: int) -> None:
+        while await read_request(reader, server) is not None:
+            writer.write(OK)
+            await writer.drain()
+            if number == 1:
+                await asyncio.sleep(0.05)  # the client has put the connection back by now
+                writer.write(forged)  # an answer to no request, while it is idle
+                await writer.drain()
+                idle_write.set()
+
+    async with serving(answers_then_speaks_up) as server, client() as http:
+        first = await http.post(server.url(), content=b"{}")
+        with anyio.fail_after(5):
+            await idle_write.wait()
+        await anyio.sleep(0.05)  # the forged bytes have reached the client's socket
+        second = await http.post(server.url(), content=b"{}")
+    assert [(r.status_code, r.content) for r in (first, second)] == [(200, b"ok")] * 2
+    assert server.connections == 2  # the connection that spoke up was not reused
