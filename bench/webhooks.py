@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import datetime
-import ipaddress
 import json
 import os
 import random
@@ -56,6 +54,9 @@ import psycopg
 
 from notifyq import App
 from notifyq._settings import Settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.webhooks.test_error_kinds import _self_signed
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -118,33 +119,6 @@ class Receiver:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
-
-
-def _test_ca(directory: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 that is its own CA (the clients trust it through
-    SSL_CERT_FILE)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "notifyq bench CA")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
 
 
 # -- databases and CPU -------------------------------------------------------------------------
@@ -486,7 +460,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     systems = [s for s in SYSTEMS if args.peer or s == "notifyq"]
     report: dict[str, Any] = {"load_average_start": list(os.getloadavg()), "cells": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        tls = _test_ca(Path(tmp)) if args.https else None
+        tls = _self_signed(Path(tmp)) if args.https else None
         receivers = {"http": Receiver(None)}
         if tls:
             receivers["https"] = Receiver(tls)

@@ -15,6 +15,7 @@ import pytest
 from notifyq import App
 from notifyq._db import migrate as migrations
 from notifyq._settings import Settings
+from tests.receiver import Receiver
 from tests.support import worker_log_dir
 
 ADMIN_DSN = os.environ.get("NOTIFYQ_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -116,3 +117,13 @@ def sql(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """A plain autocommit connection to the test database for assertions in SQL."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A real HTTP receiver on 127.0.0.1 (tests/receiver.py), stopped after the test."""
+    server = Receiver().start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -26,15 +25,6 @@ from tests.webhooks.test_sending import _worker_env
 
 pytestmark = [pytest.mark.anyio, pytest.mark.chaos]
 APP = "tests.apps.webhooks:app"
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    server = Receiver().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _arrivals(receiver: Receiver) -> tuple[set[tuple[str, str]], int]:

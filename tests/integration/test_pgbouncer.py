@@ -35,15 +35,6 @@ pytestmark = pytest.mark.anyio
 Sql = psycopg.Connection[Any]
 
 
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    server = Receiver().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(scope="module")
 def bouncer(template_db: str) -> Iterator[PgBouncer]:
     from tests.conftest import dsn_for

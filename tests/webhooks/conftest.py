@@ -3,7 +3,7 @@ on 127.0.0.1, and Standard Webhooks verification of what it received."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -14,7 +14,7 @@ from notifyq._settings import Settings
 from notifyq._webhooks.deliver import Deliverer
 from tests import vault
 from tests.conftest import fast_settings
-from tests.receiver import Received, Receiver
+from tests.receiver import Received
 
 LOOPBACK = ["127.0.0.0/8", "::1/128"]
 
@@ -34,15 +34,6 @@ async def wapp(dsn: str) -> AsyncIterator[App]:
     application = App(settings=webhook_settings(dsn))
     async with application:
         yield application
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    server = Receiver().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def verify(secret: str | None, request: Received) -> Any:
