@@ -842,7 +842,18 @@ SELECT set_config('jit', 'off', true)
 -- Marks a run awaited (its final status change then NOTIFYs 'd:<id>', migration 0011) and
 -- returns it as it is after any write in flight: the row lock orders this against a worker's
 -- write-back, so either the write-back sees the mark and notifies, or this sees it finished.
-UPDATE {schema}.job_run SET awaited = true WHERE id = %(id)s RETURNING *
+--
+-- A run still pending and due gets its pool's wake-up again, sent when this commits (`woke`):
+-- the mark's row lock hides the run from a claim (SKIP LOCKED) for as long as this
+-- transaction lasts, and a waiter marks the run just after its enqueue, exactly when the
+-- enqueue's NOTIFY has a worker claiming. That claim came back without the run and the worker
+-- idled until its poll: 5 of 60 runs awaited in their worker's process took the poll interval
+-- (4.6-5.6 s, p50 110 ms; issue 31, tests/integration/test_await.py). The wake-up cannot be
+-- missed the same way: it is delivered after the lock is gone.
+UPDATE {schema}.job_run SET awaited = true WHERE id = %(id)s
+RETURNING *,
+          CASE WHEN status = 'pending' AND run_at <= now()
+               THEN (SELECT 1 FROM pg_notify(%(channel)s, 'j:' || pool)) END AS woke
 
 -- name: job_run_get_for_update
 -- A run, locked for the rest of the transaction (a replay checks it, then changes it).
