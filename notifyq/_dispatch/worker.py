@@ -180,7 +180,7 @@ class Worker:
                                     self._settings.resumer.enabled)
                 fetchers.start_soon(self._run_if_leader, self.purger.run_once,
                                     self._settings.purger.interval_s, "purger",
-                                    self._settings.purger.enabled)
+                                    self._settings.purger.enabled, False)
                 fetchers.start_soon(self.scheduler.run, self.grace)
             self.started.set()
             async with anyio.create_task_group() as producers:
@@ -193,10 +193,15 @@ class Worker:
         self.grace.stop()
         scope.cancel()
 
-    async def _run_if_leader(self, once: Any, interval_s: float, name: str, enabled: bool) -> None:
+    async def _run_if_leader(self, once: Any, interval_s: float, name: str, enabled: bool,
+                             at_election: bool = True) -> None:
+        """Run ``once`` every ``interval_s`` while this node leads; ``at_election``, also as
+        it becomes the leader: the reaper and the resumer put runs back in line, which a new
+        leader does at once instead of at its next tick (the purger keeps its own time)."""
         if enabled:
             await every(interval_s, once, name=name, active=lambda: self.elector.is_leader,
-                        grace=self.grace)
+                        grace=self.grace,
+                        woken=self.elector.elected if at_election else None)
 
     async def _drain(self) -> None:
         while self._ready:  # claimed ahead, never started: back to pending at once
