@@ -4,6 +4,10 @@ A waiter is woken by a NOTIFY, not by polling. Once the listener LISTENs, the wa
 run awaited (``job_run_await``); the run's change to a final status then sends ``d:<run id>`` on
 the schema's channel (migration 0011's trigger), whichever statement makes it: the completer's
 batch, the reaper, a cancel, a durable wait's deadline. Runs nobody awaits send nothing.
+The mark is an UPDATE, so it locks the row while it commits, and a worker's claim passes over a
+locked row: marking a run still pending also wakes its pool again, after the lock is gone (a
+waiter marks just after the enqueue, when its NOTIFY has a worker claiming; 5 of 60 runs
+awaited in their worker's process waited for its poll before, issue 31).
 
 A notification is only a hint (invariant 3): a waiter re-reads the row every ``recheck_s``
 whatever happens, and every waiter re-reads it after the listener (re)connects, so a missed
@@ -152,7 +156,7 @@ class Awaiter:
             await cur.execute(q.job_run_get, {"id": waiter.run_id})
             run = await cur.fetchone()
             if run is not None and not run.status.terminal and not waiter.marked:
-                await cur.execute(q.job_run_await, {"id": waiter.run_id})
+                await cur.execute(q.job_run_await, {"id": waiter.run_id, "channel": q.schema})
                 run = await cur.fetchone()
                 waiter.marked = True
         if run is None:

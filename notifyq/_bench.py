@@ -578,7 +578,10 @@ class Bench:
 
     async def _claim_complete(self, connections: int) -> None:
         """The worker's statement in a bare loop: each one writes back the previous batch as
-        completed and claims the next, as a busy worker's completer does."""
+        completed and claims the next, as a busy worker's completer does. A write-back the
+        statement skipped goes in the next one again, as the completer's does: another
+        connection's claim may hold the row for its statement (it locks a row it passed over
+        as just claimed, then drops it)."""
         q, db = self.app._runtime.queries, await self.app.pool()
 
         async def loop() -> None:
@@ -586,6 +589,7 @@ class Bench:
             async with db.connection() as conn:
                 while True:
                     k = len(rows)
+                    sent = rows
                     claim = {"now": None, "pool": "default", "limit": self.sizes.sql_batch,
                              "worker_id": "bench", "lease_s": 30.0}
                     rows = await (await conn.execute(q.job_run_finish_and_claim, {
@@ -596,7 +600,9 @@ class Bench:
                         "wait_tokens": [None] * k, "waiting_ons": [None] * k,
                     }) if k else await conn.execute(q.job_run_claim,
                                                     {**claim, "keyed": False})).fetchall()
+                    written = {r["id"] for r in rows if not r["claimed"]}
                     rows = [r for r in rows if r["claimed"]]
+                    rows += [r for r in sent if r["id"] not in written]
                     if not rows and not k:
                         return
 

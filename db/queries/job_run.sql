@@ -309,35 +309,24 @@ SELECT extract(epoch FROM least(
        ) - n.now)::float8 AS delay_s
 FROM n
 
--- name: job_run_finish_and_claim
--- A worker's one statement per cycle: writes back the runs it finished and claims the next ones,
--- so a busy worker pays one round trip per batch instead of two. Either half may be empty (no
--- ids; limit 0). Rows come back tagged: `claimed` false for the write-backs that matched, true
--- for the runs claimed.
---
--- Write-back: each row is fenced (id + fence + still running), so a write from a worker whose
--- lease was taken over matches nothing and comes back missing. `refund` gives back the attempt
--- taken at claim (snooze, release at shutdown). A run whose cancel was requested never goes
--- back to pending (a retry, snooze or release would drop the cancel): it is canceled instead.
---
--- Claim: the plain claim (`job_run_claim_plain`, above) of up to `limit` runs. Both halves read
--- the snapshot taken before the statement, so a run this statement sends back to pending is not
--- claimed again by it (the next cycle can).
+-- fragment: job_run_finish_fenced
+-- The write-back, shared by job_run_finish_and_claim and job_run_finish_one: the outcomes `v`
+-- of the runs in `writable` (the ids each statement may write, its own way), each fenced (id +
+-- fence + still running), so a write from a worker whose lease was taken over matches nothing
+-- and comes back missing. `refund` gives back the attempt taken at claim (snooze, release at
+-- shutdown). A run whose cancel was requested never goes back to pending (a retry, snooze or
+-- release would drop the cancel): it is canceled instead.
 --
 -- The written-back rows are found by id, as the claimed ones are, and each way around the ids
--- went wrong once. Joined to `v` alone, a plan made on a small table read the primary key from its
--- start in a merge (or hash) join with the outcomes: ids grow with time, so every write-back
+-- went wrong once. Joined to `v` alone, a plan made on a small table read the primary key from
+-- its start in a merge (or hash) join with the outcomes: ids grow with time, so every write-back
 -- read the index of every older run (wake-up p99 under 2,000 runs/s: 0.2-2.2 s). Hence
--- `r.id = ANY (ids)`, an index condition. Written `status = 'running'`, the condition let the
+-- `r.id = ANY (...)`, an index condition. Written `status = 'running'`, the condition let the
 -- planner walk the partial index of running runs (job_run_running_idx) instead, and a plan made
 -- while few runs were running kept doing so: every write-back read every running run of every
 -- worker (one worker's 20 write-backs + 20 claims: 4 ms a statement with no other runs running,
 -- 27 ms with 2,000, 112 ms with 10,000). `status = (SELECT 'running')`, a value the planner
 -- does not know, cannot select that index.
---
--- A claim with no write-backs (an idle worker woken by a NOTIFY) is job_run_claim (or
--- job_run_claim_keyed_then_plain); this one always has write-backs and commits synchronously.
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 v AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(fences)s::bigint[], %(statuses)s::text[],
                          %(outputs)s::text[], %(errors)s::text[], %(run_ats)s::timestamptz[],
@@ -371,11 +360,40 @@ finished AS (
                            THEN n.now END,
         leased_by = NULL, lease_expires_at = NULL, updated_at = n.now
     FROM v, n
-    -- `= ANY (ids)` and `(SELECT 'running')`: see above.
-    WHERE r.id = ANY (%(ids)s::uuid[]) AND r.id = v.id AND r.fence = v.fence
+    WHERE r.id = ANY (ARRAY(SELECT id FROM writable)) AND r.id = v.id AND r.fence = v.fence
       AND r.status = (SELECT 'running')
     RETURNING r.id, r.pool, r.status
+)
+
+-- name: job_run_finish_and_claim
+-- A worker's one statement per cycle: writes back the runs it finished and claims the next ones,
+-- so a busy worker pays one round trip per batch instead of two. Either half may be empty (no
+-- ids; limit 0). Rows come back tagged: `claimed` false for the write-backs that matched, true
+-- for the runs claimed.
+--
+-- Write-back: job_run_finish_fenced, of the rows no other transaction holds locked (`writable`,
+-- SKIP LOCKED). A lock on one run (an application's `SELECT ... FOR UPDATE` of it, or
+-- `app.cancel(run, conn=txn)` in a long transaction) must delay that run only: waiting for it,
+-- this statement held its whole batch and the claim riding with it, and the worker completed 0
+-- runs/s for as long as the lock was held (issue 31; tests/chaos/test_row_lock.py). A skipped
+-- run comes back missing like a fenced-out one; the completer tells the two apart
+-- (job_run_leased_many) and writes a skipped one alone, waiting for its lock
+-- (job_run_finish_one). FOR NO KEY UPDATE, the UPDATE's own lock: a foreign key's check (a
+-- step or a child inserted for the run) neither waits for it nor makes it skip. What it costs:
+-- see db/README.md ("Server instructions per statement").
+--
+-- Claim: the plain claim (`job_run_claim_plain`, above) of up to `limit` runs. Both halves read
+-- the snapshot taken before the statement, so a run this statement sends back to pending is not
+-- claimed again by it (the next cycle can).
+--
+-- A claim with no write-backs (an idle worker woken by a NOTIFY) is job_run_claim (or
+-- job_run_claim_keyed_then_plain); this one always has write-backs and commits synchronously.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+writable AS (
+    SELECT id FROM {schema}.job_run WHERE id = ANY (%(ids)s::uuid[])
+    FOR NO KEY UPDATE SKIP LOCKED
 ),
+{job_run_finish_fenced},
 claim_limit AS (SELECT %(limit)s::integer AS runs),
 {job_run_claim_plain}
 SELECT false AS claimed, id, pool, status, NULL::text AS job_type, NULL::integer AS job_version,
@@ -395,17 +413,66 @@ UNION ALL
  FROM claimed
  ORDER BY priority, run_at, id)
 
+-- name: job_run_finish_one
+-- A write-back job_run_finish_and_claim skipped because another transaction held the run's row
+-- locked: this run alone, on a connection of its own, waiting for the lock (job_run_finish_fenced
+-- without SKIP LOCKED). Waiting in the row's lock queue is what keeps the reaper off the run
+-- once the lock goes: its SKIP LOCKED passes over a row someone waits for, and the run's lease
+-- may have run out behind the lock. No row back: the run was taken over (LeaseLost).
+-- The lock is taken first and the time read after it (`n` reads `writable`, and
+-- clock_timestamp(), not the transaction's start): an UPDATE computes its new values before it
+-- waits for the row, so a wait of 30 s would have dated the write 30 s back.
+WITH writable AS (
+    SELECT id FROM {schema}.job_run WHERE id = ANY (%(ids)s::uuid[]) FOR NO KEY UPDATE
+),
+n AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+      FROM (SELECT count(*) FROM writable) AS locked),
+{job_run_finish_fenced}
+SELECT id, pool, status FROM finished
+
+-- name: job_run_leased_many
+-- Which of these runs (ids with their fences) are still running under that fence. Asked about
+-- the runs a write-back or a heartbeat came back without: one still held was skipped because
+-- another transaction held its row locked (it is retried alone, waiting for the lock); one no
+-- longer held was taken over (LeaseLost). Reads, locks nothing.
+SELECT r.id FROM {schema}.job_run r
+JOIN unnest(%(ids)s::uuid[], %(fences)s::bigint[]) AS v(id, fence)
+  ON r.id = v.id AND r.fence = v.fence
+WHERE r.id = ANY (%(ids)s::uuid[]) AND r.status = (SELECT 'running')
+
 -- name: job_run_heartbeat_many
--- Extends the leases of the runs a worker is executing; a run missing from the result has been
--- taken over (its handler is cancelled), and `cancel_requested` carries cooperative cancels
--- whose NOTIFY was missed.
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+-- Extends the leases of the runs a worker is executing; `cancel_requested` carries cooperative
+-- cancels whose NOTIFY was missed. Rows another transaction holds locked are skipped (SKIP
+-- LOCKED), not waited for: waiting, the heartbeat held the locks it had taken on the worker's
+-- other runs, whose write-backs then waited behind it (issue 31). A run missing from the result
+-- was either skipped (job_run_leased_many tells: its lease is then extended alone, waiting for
+-- the lock, by job_run_heartbeat_one) or taken over (its handler is cancelled).
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+writable AS (
+    SELECT id FROM {schema}.job_run WHERE id = ANY (%(ids)s::uuid[])
+    FOR NO KEY UPDATE SKIP LOCKED
+)
 UPDATE {schema}.job_run r
 SET lease_expires_at = n.now + make_interval(secs => %(lease_s)s), updated_at = n.now
 FROM unnest(%(ids)s::uuid[], %(fences)s::bigint[]) AS v(id, fence), n
--- `= ANY (ids)` and `(SELECT 'running')`: as in job_run_finish_and_claim, the rows by id.
-WHERE r.id = ANY (%(ids)s::uuid[]) AND r.id = v.id AND r.fence = v.fence
+-- By id, and `(SELECT 'running')`: as in job_run_finish_fenced.
+WHERE r.id = ANY (ARRAY(SELECT id FROM writable)) AND r.id = v.id AND r.fence = v.fence
   AND r.status = (SELECT 'running')
+RETURNING r.id, r.cancel_requested_at IS NOT NULL AS cancel_requested
+
+-- name: job_run_heartbeat_one
+-- A lease job_run_heartbeat_many skipped because another transaction held the row locked: this
+-- run alone, waiting for the lock, so that the lease is extended the moment the lock goes,
+-- before the reaper (whose SKIP LOCKED passes over a row someone waits for) can take a lease
+-- that ran out behind the lock. No row back: the run was taken over. The lock is taken first
+-- and the time read after it, as in job_run_finish_one: computed before the wait, the new lease
+-- ran out as it was written (found by tests/integration/test_row_locks.py).
+WITH locked AS (SELECT id FROM {schema}.job_run WHERE id = %(id)s FOR NO KEY UPDATE),
+n AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now FROM locked)
+UPDATE {schema}.job_run r
+SET lease_expires_at = n.now + make_interval(secs => %(lease_s)s), updated_at = n.now
+FROM n
+WHERE r.id = %(id)s AND r.fence = %(fence)s AND r.status = (SELECT 'running')
 RETURNING r.id, r.cancel_requested_at IS NOT NULL AS cancel_requested
 
 -- name: job_run_reap_expired
@@ -775,7 +842,18 @@ SELECT set_config('jit', 'off', true)
 -- Marks a run awaited (its final status change then NOTIFYs 'd:<id>', migration 0011) and
 -- returns it as it is after any write in flight: the row lock orders this against a worker's
 -- write-back, so either the write-back sees the mark and notifies, or this sees it finished.
-UPDATE {schema}.job_run SET awaited = true WHERE id = %(id)s RETURNING *
+--
+-- A run still pending and due gets its pool's wake-up again, sent when this commits (`woke`):
+-- the mark's row lock hides the run from a claim (SKIP LOCKED) for as long as this
+-- transaction lasts, and a waiter marks the run just after its enqueue, exactly when the
+-- enqueue's NOTIFY has a worker claiming. That claim came back without the run and the worker
+-- idled until its poll: 5 of 60 runs awaited in their worker's process took the poll interval
+-- (4.6-5.6 s, p50 110 ms; issue 31, tests/integration/test_await.py). The wake-up cannot be
+-- missed the same way: it is delivered after the lock is gone.
+UPDATE {schema}.job_run SET awaited = true WHERE id = %(id)s
+RETURNING *,
+          CASE WHEN status = 'pending' AND run_at <= now()
+               THEN (SELECT 1 FROM pg_notify(%(channel)s, 'j:' || pool)) END AS woke
 
 -- name: job_run_get_for_update
 -- A run, locked for the rest of the transaction (a replay checks it, then changes it).

@@ -40,7 +40,10 @@ class QueryNames:
     job_run_claim_fair: LiteralString
     job_run_next_run_at: LiteralString
     job_run_finish_and_claim: LiteralString
+    job_run_finish_one: LiteralString
+    job_run_leased_many: LiteralString
     job_run_heartbeat_many: LiteralString
+    job_run_heartbeat_one: LiteralString
     job_run_reap_expired: LiteralString
     job_run_purge_finished: LiteralString
     job_run_apply_definitions: LiteralString

@@ -43,6 +43,7 @@ from notifyq._db.queries import Queries
 from notifyq._dispatch.claim_ahead import ClaimAhead
 from notifyq._dispatch.completer import Completer
 from notifyq._dispatch.executor import Execution, Executor
+from notifyq._dispatch.lock_waiter import LockWaiter
 from notifyq._dispatch.producer import Producer, Slots
 from notifyq._maintenance.elector import Elector
 from notifyq._maintenance.purger import Purger
@@ -83,6 +84,7 @@ class Worker:
         self.grace = StopGrace()
         """What a stop lets finish: the producers' and the periodic tasks' statements."""
         self.claim_ahead = ClaimAhead(concurrency, cfg.prefetch)
+        self.lock_waiter = LockWaiter(db, queries)
         self.slots = Slots(self.claim_ahead.slots(), self.claim_ahead.slots)
         self.completer = Completer(db, queries, clock, batch_max=cfg.completer_batch_max,
                                    on_written=self._on_written, worker_id=self.id,
@@ -90,7 +92,8 @@ class Worker:
                                    on_statement=self.claim_ahead.statement,
                                    on_release=self._wake_slots,
                                    lanes=cfg.completer_connections,
-                                   prepare=not settings.database_transaction_pooling)
+                                   prepare=not settings.database_transaction_pooling,
+                                   lock_waiter=self.lock_waiter)
         self.executor = Executor(registry, self.completer, clock,
                                  thread_limiter=anyio.CapacityLimiter(concurrency), db=db,
                                  queries=queries)
@@ -125,6 +128,8 @@ class Worker:
         self._waking = 0
         """Slots woken that have not taken a run yet (at most one: see :meth:`_wake_slots`)."""
         self._writing = 0
+        self._extending: set[UUID] = set()
+        """Runs whose lease is being extended alone, waiting for their row's lock."""
         self._handlers: anyio.abc.TaskGroup | None = None
         self._stopping = anyio.Event()
         self._idle = anyio.Event()
@@ -178,7 +183,7 @@ class Worker:
                                     self._settings.resumer.enabled)
                 fetchers.start_soon(self._run_if_leader, self.purger.run_once,
                                     self._settings.purger.interval_s, "purger",
-                                    self._settings.purger.enabled)
+                                    self._settings.purger.enabled, False)
                 fetchers.start_soon(self.scheduler.run, self.grace)
             self.started.set()
             async with anyio.create_task_group() as producers:
@@ -191,10 +196,15 @@ class Worker:
         self.grace.stop()
         scope.cancel()
 
-    async def _run_if_leader(self, once: Any, interval_s: float, name: str, enabled: bool) -> None:
+    async def _run_if_leader(self, once: Any, interval_s: float, name: str, enabled: bool,
+                             at_election: bool = True) -> None:
+        """Run ``once`` every ``interval_s`` while this node leads; ``at_election``, also as
+        it becomes the leader: the reaper and the resumer put runs back in line, which a new
+        leader does at once instead of at its next tick (the purger keeps its own time)."""
         if enabled:
             await every(interval_s, once, name=name, active=lambda: self.elector.is_leader,
-                        grace=self.grace)
+                        grace=self.grace,
+                        woken=self.elector.elected if at_election else None)
 
     async def _drain(self) -> None:
         while self._ready:  # claimed ahead, never started: back to pending at once
@@ -298,31 +308,70 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         interval = self._settings.worker.heartbeat_every_s
-        while True:
-            await anyio.sleep(interval)
-            # In id order, like the completer's write-backs (see Completer._params).
-            running = sorted(self.active.values(), key=lambda e: e.id)
-            try:
-                async with self._db.connection() as conn:
-                    cur = await conn.execute(self._q.worker_heartbeat, self._registration())
-                    if await cur.fetchone() is None:  # the reaper took us for dead: back in
-                        await conn.execute(self._q.worker_register, self._registration())
-                    if not running:
-                        continue
-                    cur = await conn.execute(self._q.job_run_heartbeat_many, {
-                        "now": self._clock.db_now(), "lease_s": self._settings.worker.lease_s,
-                        "ids": [e.id for e in running], "fences": [e.fence for e in running]})
-                    rows = {r["id"]: r["cancel_requested"] for r in await cur.fetchall()}
-            except psycopg.OperationalError as exc:
-                log.warning("heartbeat failed (%s); retrying", type(exc).__name__)
-                continue
-            for execution in running:
-                if execution.id not in self.active:
+        async with anyio.create_task_group() as alone:  # leases extended one by one
+            while True:
+                await anyio.sleep(interval)
+                # In id order, like the completer's write-backs (see Completer._params).
+                running = sorted(self.active.values(), key=lambda e: e.id)
+                try:
+                    async with self._db.connection() as conn:
+                        cur = await conn.execute(self._q.worker_heartbeat, self._registration())
+                        if await cur.fetchone() is None:  # the reaper took us for dead: back in
+                            await conn.execute(self._q.worker_register, self._registration())
+                        if not running:
+                            continue
+                        rows, held = await self._extend_leases(conn, running)
+                except psycopg.OperationalError as exc:
+                    log.warning("heartbeat failed (%s); retrying", type(exc).__name__)
                     continue
-                if execution.id not in rows:
-                    execution.stop("lost")
-                elif rows[execution.id]:
-                    execution.stop("canceled")
+                for execution in running:
+                    if execution.id in rows:
+                        self._heard(execution, rows[execution.id])
+                    elif execution.id in held:
+                        if execution.id not in self._extending:
+                            self._extending.add(execution.id)
+                            alone.start_soon(self._extend_alone, execution)
+                    else:
+                        self._heard(execution, None)
+
+    async def _extend_leases(self, conn: AsyncConn, running: list[Execution],
+                             ) -> tuple[dict[UUID, bool], set[UUID]]:
+        """Extend the leases of ``running`` in one statement, which skips the rows another
+        transaction holds locked (job_run_heartbeat_many). Returns each extended run's cancel
+        request, and the runs not extended but still held (their rows were locked)."""
+        cur = await conn.execute(self._q.job_run_heartbeat_many, {
+            "now": self._clock.db_now(), "lease_s": self._settings.worker.lease_s,
+            "ids": [e.id for e in running], "fences": [e.fence for e in running]})
+        rows = {r["id"]: r["cancel_requested"] for r in await cur.fetchall()}
+        missed = [(e.id, e.fence) for e in running if e.id not in rows]
+        return rows, (await self.lock_waiter.held(conn, missed) if missed else set())
+
+    async def _extend_alone(self, execution: Execution) -> None:
+        """Extend one run's lease waiting for the lock another transaction holds on its row
+        (job_run_heartbeat_one): extended the moment the lock goes, before the reaper can take
+        a lease that ran out behind it. A connection error leaves it to the next heartbeat."""
+        try:
+            if execution.id not in self.active:
+                return
+            row = await self.lock_waiter.alone(self._q.job_run_heartbeat_one, {
+                "now": self._clock.db_now(), "lease_s": self._settings.worker.lease_s,
+                "id": execution.id, "fence": execution.fence})
+        except psycopg.OperationalError as exc:
+            log.warning("heartbeat of run %s failed (%s); retrying with the next one",
+                        execution.id, type(exc).__name__)
+            return
+        finally:
+            self._extending.discard(execution.id)
+        self._heard(execution, None if row is None else row["cancel_requested"])
+
+    def _heard(self, execution: Execution, cancel_requested: bool | None) -> None:
+        """A heartbeat's answer about a run: None, taken over; True, its cancel requested."""
+        if execution.id not in self.active:
+            return
+        if cancel_requested is None:
+            execution.stop("lost")
+        elif cancel_requested:
+            execution.stop("canceled")
 
     def _registration(self) -> dict[str, Any]:
         """This worker's row in the registry (``worker``): alive for one lease past each

@@ -20,8 +20,15 @@ def listener(dsn: str) -> psycopg.Connection[Any]:
     return conn
 
 
-def received(conn: psycopg.Connection[Any], timeout: float = 0.5) -> list[str]:
-    return [n.payload for n in conn.notifies(timeout=timeout)]
+def received(conn: psycopg.Connection[Any], timeout: float = 0.5, *,
+             kind: str = "d:") -> list[str]:
+    """The payloads of ``kind`` that came within ``timeout`` (``d:`` a run's final status,
+    ``j:`` a pool's wake-up)."""
+    return [n.payload for n in conn.notifies(timeout=timeout) if n.payload.startswith(kind)]
+
+
+def awaiting(db: Conn, q: Queries, run_id: UUID) -> dict[str, Any] | None:
+    return db.execute(q.job_run_await, {"id": run_id, "channel": "notifyq"}).fetchone()
 
 
 def record_step(db: Conn, q: Queries, run: dict[str, Any], step_id: str, seq: int) -> None:
@@ -47,17 +54,31 @@ def finished_with_steps(db: Conn, q: Queries, steps: list[str],
 
 def test_job_run_await_marks_the_run_and_returns_it(db: Conn, q: Queries) -> None:
     run = enqueue(db, q)
-    row = db.execute(q.job_run_await, {"id": run["id"]}).fetchone()
+    row = awaiting(db, q, run["id"])
     assert row is not None
     assert (row["id"], row["status"], row["awaited"]) == (run["id"], "pending", True)
-    assert db.execute(q.job_run_await, {"id": UUID(int=1)}).fetchone() is None
+    assert awaiting(db, q, UUID(int=1)) is None
+
+
+def test_job_run_await_wakes_the_pool_of_a_run_still_pending_and_due(
+        db: Conn, q: Queries, dsn: str) -> None:
+    """The mark locks the row for its transaction, and a claim passes over a locked row (SKIP
+    LOCKED): a worker whose claim did sees the run again by this wake-up (issue 31, item 6)."""
+    with listener(dsn) as listening:
+        due = enqueue(db, q, pool="mail")
+        later = enqueue(db, q, pool="later", run_at=T0.replace(year=2100))
+        started = enqueue(db, q, pool="busy")
+        claim(db, q, T0, pool="busy")
+        rows = [awaiting(db, q, r["id"]) for r in (due, later, started)]
+        assert [r["woke"] if r else "-" for r in rows] == [1, None, None]
+        assert received(listening, kind="j:") == ["j:mail"]
 
 
 def test_an_awaited_run_notifies_its_id_when_it_finishes(db: Conn, q: Queries, dsn: str) -> None:
     with listener(dsn) as listening:
         awaited = enqueue(db, q)
         enqueue(db, q)  # finishes with it, not awaited
-        db.execute(q.job_run_await, {"id": awaited["id"]})
+        awaiting(db, q, awaited["id"])
         running = claim(db, q, T0)
         assert len(running) == 2
         finish(db, q, T0, [(r["id"], r["fence"], "completed") for r in running])
@@ -69,7 +90,7 @@ def test_a_retry_of_an_awaited_run_does_not_notify_until_its_final_status(
         db: Conn, q: Queries, dsn: str) -> None:
     with listener(dsn) as listening:
         run = enqueue(db, q)
-        db.execute(q.job_run_await, {"id": run["id"]})
+        awaiting(db, q, run["id"])
         (claimed,) = claim(db, q, T0)
         finish(db, q, T0, [(run["id"], claimed["fence"], "pending")], run_at=T0)
         assert received(listening, 0.3) == []
@@ -81,7 +102,7 @@ def test_a_retry_of_an_awaited_run_does_not_notify_until_its_final_status(
 def test_canceling_an_awaited_pending_run_notifies(db: Conn, q: Queries, dsn: str) -> None:
     with listener(dsn) as listening:
         run = enqueue(db, q)
-        db.execute(q.job_run_await, {"id": run["id"]})
+        awaiting(db, q, run["id"])
         canceled = db.execute(q.job_run_cancel, {"tenant_ids": None,
                                                  "id": run["id"], "now": T0}).fetchone()
         assert canceled is not None

@@ -407,7 +407,9 @@ def test_the_three_claiming_statements_share_one_plain_claim(db: Conn, q: Querie
 
 
 @pytest.mark.parametrize("name", [*CLAIMING, "job_run_heartbeat_many", "job_step_record",
-                                  "job_signal_consume", "job_run_spawn_child"])
+                                  "job_signal_consume", "job_run_spawn_child",
+                                  "job_run_finish_one", "job_run_heartbeat_one",
+                                  "job_run_leased_many"])
 @pytest.mark.parametrize("backlog", [0, 50, 20_000])
 def test_the_hot_plans_never_read_job_run_whole_at_any_size(
         db: Conn, q: Queries, name: str, backlog: int) -> None:
@@ -534,6 +536,99 @@ def test_job_run_finish_many_completes_a_run_that_finished_despite_a_cancel_requ
     db.execute(q.job_run_cancel, {"tenant_ids": None, "id": run["id"], "now": T0})
     rows = finish(db, q, T0, [(run["id"], c["fence"], "completed")], output="1")
     assert [r["status"] for r in rows] == ["completed"]
+
+
+# -- another transaction holds a run's row locked (issue 31, item 1) ------------------------------
+
+def _lock_rows(conn: Conn, *run_ids: Any) -> None:
+    """An application's lock on runs (``SELECT ... FOR UPDATE`` in its open transaction)."""
+    conn.execute("SELECT count(*) FROM (SELECT FROM notifyq.job_run WHERE id = ANY(%s) "
+                 "FOR UPDATE) AS locked", (list(run_ids),))
+
+
+def _waits_for_the_lock(conn: Conn, statement: str, params: dict[str, Any]) -> None:
+    """``statement`` waits for a row lock: under a lock timeout it fails instead of returning."""
+    with conn.transaction():
+        conn.execute("SET LOCAL lock_timeout = '100ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            conn.execute(statement, params)
+
+
+def test_job_run_finish_and_claim_skips_a_locked_run_and_writes_back_the_rest(
+        db: Conn, db2: Conn, q: Queries) -> None:
+    a, b = enqueue(db, q, run_at=T0), enqueue(db, q, run_at=T0)
+    enqueue(db, q, run_at=T0)
+    fences = {r["id"]: r["fence"] for r in claim(db, q, T0, limit=2)}
+    with db2.transaction():
+        _lock_rows(db2, a["id"])
+        rows = db.execute(q.job_run_finish_and_claim, {
+            **NO_CLAIM, "now": T0, "limit": 1, "worker_id": "w1", "lease_s": 30.0,
+            "ids": [a["id"], b["id"]], "fences": [fences[a["id"]], fences[b["id"]]],
+            "statuses": ["completed"] * 2, "outputs": [None] * 2, "errors": [None] * 2,
+            "run_ats": [None] * 2, "refunds": [0] * 2, **no_waits(2)}).fetchall()
+    # b written and the third run claimed, at once; a left as it was, not waited for.
+    assert [(r["claimed"], r["id"]) for r in rows if not r["claimed"]] == [(False, b["id"])]
+    assert len([r for r in rows if r["claimed"]]) == 1
+    assert get(db, q, a["id"])["status"] == "running"
+    # Still held under its fence: told apart from a run taken over, and written alone.
+    held = db.execute(q.job_run_leased_many, {
+        "ids": [a["id"], b["id"]], "fences": [fences[a["id"]], fences[b["id"]]]}).fetchall()
+    assert held == [{"id": a["id"]}]
+    alone = db.execute(q.job_run_finish_one, {
+        "now": T0, "ids": [a["id"]], "fences": [fences[a["id"]]], "statuses": ["completed"],
+        "outputs": ['{"alone": true}'], "errors": [None], "run_ats": [None], "refunds": [0],
+        **no_waits(1)}).fetchall()
+    assert alone == [{"id": a["id"], "pool": "default", "status": "completed"}]
+    assert get(db, q, a["id"])["output"] == {"alone": True}
+
+
+def test_job_run_finish_one_waits_for_the_lock_and_stays_fenced(
+        db: Conn, db2: Conn, q: Queries) -> None:
+    run = enqueue(db, q, run_at=T0)
+    [c] = claim(db, q, T0)
+    params = {"now": T0, "ids": [run["id"]], "fences": [c["fence"]], "statuses": ["completed"],
+              "outputs": [None], "errors": [None], "run_ats": [None], "refunds": [0],
+              **no_waits(1)}
+    with db2.transaction():
+        _lock_rows(db2, run["id"])
+        _waits_for_the_lock(db, q.job_run_finish_one, params)
+    stale = {**params, "fences": [c["fence"] + 1]}
+    assert db.execute(q.job_run_finish_one, stale).fetchall() == []
+    assert [r["status"] for r in db.execute(q.job_run_finish_one, params)] == ["completed"]
+
+
+def test_job_run_leased_many_tells_a_run_still_held_from_one_taken_over(
+        db: Conn, q: Queries) -> None:
+    kept, taken = enqueue(db, q, run_at=T0), enqueue(db, q, run_at=T0)
+    fences = {r["id"]: r["fence"] for r in claim(db, q, T0, lease_s=1)}
+    db.execute(q.job_run_heartbeat_many, {"now": T0 + seconds(1), "lease_s": 10,
+                                          "ids": [kept["id"]], "fences": [fences[kept["id"]]]})
+    db.execute(q.job_run_reap_expired, {"now": T0 + seconds(2), "limit": 10})
+    rows = db.execute(q.job_run_leased_many, {
+        "ids": [kept["id"], taken["id"]],
+        "fences": [fences[kept["id"]], fences[taken["id"]]]}).fetchall()
+    assert rows == [{"id": kept["id"]}]
+
+
+def test_job_run_heartbeat_many_skips_a_locked_run_and_heartbeat_one_waits_for_it(
+        db: Conn, db2: Conn, q: Queries) -> None:
+    a, b = enqueue(db, q, run_at=T0), enqueue(db, q, run_at=T0)
+    fences = {r["id"]: r["fence"] for r in claim(db, q, T0, lease_s=10)}
+    with db2.transaction():
+        _lock_rows(db2, a["id"])
+        rows = db.execute(q.job_run_heartbeat_many, {
+            "now": T0 + seconds(5), "lease_s": 10, "ids": [a["id"], b["id"]],
+            "fences": [fences[a["id"]], fences[b["id"]]]}).fetchall()
+        assert rows == [{"id": b["id"], "cancel_requested": False}]
+        one = {"now": T0 + seconds(5), "lease_s": 10, "id": a["id"], "fence": fences[a["id"]]}
+        _waits_for_the_lock(db, q.job_run_heartbeat_one, one)
+    assert get(db, q, b["id"])["lease_expires_at"] == T0 + seconds(15)
+    assert get(db, q, a["id"])["lease_expires_at"] == T0 + seconds(10)
+    assert db.execute(q.job_run_heartbeat_one, one).fetchall() == [
+        {"id": a["id"], "cancel_requested": False}]
+    assert get(db, q, a["id"])["lease_expires_at"] == T0 + seconds(15)
+    stale = {**one, "fence": fences[a["id"]] + 1}
+    assert db.execute(q.job_run_heartbeat_one, stale).fetchall() == []
 
 
 # -- heartbeat ------------------------------------------------------------------------------------

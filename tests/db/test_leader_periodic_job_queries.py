@@ -14,10 +14,16 @@ from tests.db.conftest import T0
 from tests.db.helpers import DEFINITION, Conn, count, seconds
 
 
+def _attempt(db: Conn, q: Queries, leader_id: str, now: Any,
+             ttl_s: float = 10) -> dict[str, Any]:
+    row = db.execute(q.leader_attempt_elect, {"now": now, "name": "maintenance",
+                                              "leader_id": leader_id, "ttl_s": ttl_s}).fetchone()
+    assert row is not None
+    return row
+
+
 def _elect(db: Conn, q: Queries, leader_id: str, now: Any, ttl_s: float = 10) -> bool:
-    return db.execute(q.leader_attempt_elect, {"now": now, "name": "maintenance",
-                                               "leader_id": leader_id, "ttl_s": ttl_s}
-                      ).fetchone() is not None
+    return bool(_attempt(db, q, leader_id, now, ttl_s)["won"])
 
 
 def _leader(db: Conn) -> dict[str, Any] | None:
@@ -56,6 +62,13 @@ def test_leader_attempt_elect_takes_over_an_expired_role(db: Conn, q: Queries) -
     assert row is not None
     assert (row["leader_id"], row["elected_at"]) == ("b", T0 + seconds(11))
     assert not _elect(db, q, "a", T0 + seconds(12))
+
+
+def test_leader_attempt_elect_tells_a_follower_when_the_leaders_role_runs_out(
+        db: Conn, q: Queries) -> None:
+    assert _attempt(db, q, "a", T0) == {"won": True, "expires_in_s": 10.0}
+    assert _attempt(db, q, "b", T0 + seconds(7.5)) == {"won": False, "expires_in_s": 2.5}
+    assert _attempt(db, q, "b", T0 + seconds(10.001))["won"]
 
 
 def test_leader_resign_frees_the_role_only_for_its_holder(db: Conn, q: Queries) -> None:

@@ -6,6 +6,7 @@ listener connection."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,38 @@ async def test_a_wait_in_a_process_that_runs_a_worker_rides_the_workers_listener
         assert got == [42]
         assert app._awaiter.notified == 1
         tg.cancel_scope.cancel()
+
+
+async def test_each_run_awaited_in_the_process_of_its_worker_is_claimed_at_its_notify(
+        dsn: str) -> None:
+    """Issue 31, item 6: 5 of 60 such runs took the worker's poll interval (4.6-5.6 s). The
+    waiter marked the run awaited (an UPDATE, so a row lock) just as the worker, woken by the
+    enqueue's NOTIFY, claimed with SKIP LOCKED: the claim passed over the run and the worker
+    went idle until its poll. The poll here is 30 s and the re-check never comes, so a run
+    that waits for either misses the 2 s given to each."""
+    app = App(settings=fast_settings(dsn, worker={"poll_interval_s": 30.0}))
+    app._awaiter = Awaiter(app._runtime, recheck_s=NEVER_S)
+
+    @app.handler("inproc.short")
+    async def short(ctx: Any) -> int:
+        await anyio.sleep(0.1)
+        return int(ctx.input["i"])
+
+    took: list[float] = []
+    async with app, anyio.create_task_group() as tg:
+        worker = await tg.start(app.run_worker)
+        await _until(lambda: worker.notifier is not None and worker.notifier.connected)
+        for i in range(60):
+            started = anyio.current_time()
+            run = await app.enqueue("inproc.short", {"i": i})
+            # A timeout is counted below; the next run's wake-up claims this one too.
+            with contextlib.suppress(ResultTimeout):
+                assert await run.result(timeout=2) == i
+            took.append(anyio.current_time() - started)
+        tg.cancel_scope.cancel()
+    slow = [(i, round(t, 2)) for i, t in enumerate(took) if t > 1.0]
+    assert slow == [], f"{len(slow)} of 60 waited for the poll: {slow}"
+    assert app._awaiter.rechecks == 0
 
 
 async def _until(condition: Callable[[], object]) -> None:
