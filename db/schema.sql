@@ -279,6 +279,8 @@ $$;
 CREATE FUNCTION notifyq._claim_keyed(p_pool text, p_limit integer, p_worker_id text, p_lease_s double precision, p_now timestamp with time zone) RETURNS SETOF notifyq.job_run
     LANGUAGE plpgsql
     SET search_path TO 'notifyq', 'public'
+    SET enable_sort TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     now_      timestamptz := coalesce(p_now, now());
