@@ -19,11 +19,15 @@ import psycopg
 
 from notifyq._keys.watch import NO_WORKER_AFTER_S
 from tests import vault
-from tests.support import ROOT, Workers, scalar
+from tests.support import ROOT, Workers, scalar, wait_until
 
 VAULT_APP = "tests.apps.vault:app"
 KEYS = vault.keys_env(1, 2, active=2)
 PROGRESS = re.compile(r"^rotation: (\d+)%, ([\d,]+)/([\d,]+) rows")
+
+
+def _active_is(sql: psycopg.Connection[Any], version: int) -> None:
+    assert scalar(sql, "SELECT version FROM notifyq.key_active") == version
 
 
 def _env(dsn: str) -> dict[str, str]:
@@ -47,6 +51,8 @@ def test_rotate_wait_prints_rows_done_of_total_rate_and_eta_while_a_worker_rotat
     vault.fill(sql, vault.keyring(1, active=1), 8000, 2000)
     with Workers(dsn, logs, app=VAULT_APP, extra_env=KEYS) as workers:
         workers.start()
+        # The worker promotes version 2 at its first key check; a CLI never promotes.
+        wait_until(lambda: _active_is(sql, 2))
         result = subprocess.run(_rotate("--batch-size", "100", "--pause-s", "0.05"),
                                 env=_env(dsn), cwd=ROOT, capture_output=True, text=True,
                                 timeout=120, check=False)

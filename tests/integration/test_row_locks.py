@@ -34,6 +34,15 @@ async def worker_of(app: App) -> AsyncIterator[Worker]:
         tg.cancel_scope.cancel()
 
 
+async def _waits_for_a_lock(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        row = await (await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'")).fetchone()
+    assert row is not None
+    assert row[0] >= 1
+
+
 @asynccontextmanager
 async def row_locked(dsn: str, run_id: UUID) -> AsyncIterator[None]:
     """An application's transaction holding ``SELECT ... FOR UPDATE`` on the run's row."""
@@ -64,6 +73,10 @@ async def test_a_write_back_whose_row_is_locked_waits_alone_while_its_batch_is_w
                 release.set()  # both finish at once: their write-backs go in one statement
                 await status_becomes(app, other.id, "completed")
                 assert (await run_row(app, locked.id))["status"] == "running"
+                # Held until the locked run's write-back waits for the lock alone (skipped, and
+                # skipped again 10 ms later): released sooner, a busy machine could let its
+                # retry find the row free and write it the usual way.
+                await eventually(lambda: _waits_for_a_lock(dsn))
             row = await status_becomes(app, locked.id, "completed")
             assert worker.completer.written_alone == 1
             assert worker.completer.lease_lost == 0

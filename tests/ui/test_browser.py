@@ -126,14 +126,26 @@ def _attempts(sql: Conn) -> None:
     assert scalar(sql, "SELECT count(*) FROM notifyq.webhook_attempt") >= 1
 
 
+def _active_is(dsn: str, version: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT version FROM notifyq.key_active").fetchone()
+    assert row is not None, "no key version active yet"
+    assert row[0] == version, row
+
+
 def test_a_key_rotation_is_followed_to_100_percent(browser: Any, dsn: str, logs: Path,
                                                    screenshots: Path) -> None:
     with Served(dsn, logs / "first.log", args=["--app", APP],
                 env={**keys_env(1, active=1), **LOOPBACK}) as first, first.client() as http:
         for n in range(40):
-            http.post("/v1/webhooks/endpoints", json={"url": f"http://127.0.0.1:9/{n}"})
+            created = http.post("/v1/webhooks/endpoints", json={"url": f"http://127.0.0.1:9/{n}"})
+            assert created.status_code == 201, created.text
     with Served(dsn, logs / "second.log", args=["--app", APP],
                 env={**keys_env(1, 2, active=2), **LOOPBACK}) as served:
+        # serve promotes version 2 once every live key holder has it: the first serve's row
+        # expires three key-check intervals after its last check. The page shows the rotation
+        # to do from then on.
+        wait_until(lambda: _active_is(dsn, 2), timeout=60)
         page = _page(browser, served)
         _sign_in(page)
         page.get_by_role("navigation").get_by_role("link", name="Keys").click()
