@@ -1402,6 +1402,18 @@ CREATE TABLE notifyq.webhook_endpoint (
 );
 
 --
+-- Name: webhook_event_type; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.webhook_event_type (
+    name text NOT NULL,
+    description text DEFAULT ''::text NOT NULL,
+    schema jsonb,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
 -- Name: webhook_message; Type: TABLE; Schema: notifyq; Owner: -
 --
 
@@ -1598,6 +1610,13 @@ ALTER TABLE ONLY notifyq.webhook_delivery
 
 ALTER TABLE ONLY notifyq.webhook_endpoint
     ADD CONSTRAINT webhook_endpoint_pkey PRIMARY KEY (id);
+
+--
+-- Name: webhook_event_type webhook_event_type_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.webhook_event_type
+    ADD CONSTRAINT webhook_event_type_pkey PRIMARY KEY (name);
 
 --
 -- Name: webhook_message webhook_message_idempotency_key_key; Type: CONSTRAINT; Schema: notifyq; Owner: -

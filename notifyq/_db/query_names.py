@@ -183,6 +183,11 @@ class QueryNames:
     webhook_endpoint_delete: LiteralString
     webhook_endpoint_health: LiteralString
 
+    # db/queries/webhook_event_type.sql
+    webhook_event_type_upsert: LiteralString
+    webhook_event_type_list: LiteralString
+    webhook_event_type_delete: LiteralString
+
     # db/queries/webhook_message.sql
     webhook_message_send: LiteralString
     webhook_message_send_many: LiteralString

@@ -1,4 +1,5 @@
-"""``notifyq webhooks ...``: endpoints (add, list, enable, disable, rotate-secret), send,
+"""``notifyq webhooks ...``: endpoints (add, list, enable, disable, rotate-secret), the
+event-type catalog (define, list, delete), send,
 attempts, resend and recover. Text by default, JSON with ``--json``. A secret is printed only by
 ``add`` and ``rotate-secret``: the one time it is shown.
 
@@ -26,8 +27,9 @@ from notifyq._webhooks.service import SentMessage
 def add_webhooks_parser(sub: Any) -> None:
     hooks = sub.add_parser("webhooks", help="webhook endpoints, messages and attempts")
     actions = hooks.add_subparsers(dest="action", required=True, parser_class=Parser,
-                                   metavar="endpoints|send|attempts|resend|recover")
+                                   metavar="endpoints|event-types|send|attempts|resend|recover")
     _add_endpoints(actions, Parser)
+    _add_event_types(actions, Parser)
 
     send = actions.add_parser("send", help="send a message by event type (or to one "
                                            "endpoint); prints its id")
@@ -320,3 +322,76 @@ def _recovered_text(n: int, endpoint_id: str, since: datetime) -> str:
         return f"no failed delivery {what}: nothing to recover"
     return (f"recovered {_plural(n, 'failed delivery', 'failed deliveries')} {what}: each "
             "starts a new series of scheduled attempts")
+
+
+# -- the event-type catalog ------------------------------------------------------------------
+
+def _add_event_types(actions: Any, parser_class: Any) -> None:
+    types = actions.add_parser("event-types", help="the event-type catalog: define, list, "
+                                                   "delete")
+    ops = types.add_subparsers(dest="op", required=True, parser_class=parser_class,
+                               metavar="define|list|delete")
+    define = ops.add_parser("define", help="add an event type (or change its description "
+                                           "and schema)")
+    define.add_argument("name", metavar="EVENT_TYPE")
+    define.add_argument("--description", default="", help="for the people who subscribe")
+    define.add_argument("--schema", metavar="FILE|JSON|-",
+                        help="a JSON Schema (draft 2020-12) its payloads must match: a file, "
+                             "the JSON itself, or - for stdin; without it, any JSON")
+    define.set_defaults(func=cmd_event_types_define)
+    listing = ops.add_parser("list", help="the catalog, by name")
+    listing.set_defaults(func=cmd_event_types_list)
+    delete = ops.add_parser("delete", help="remove an event type from the catalog")
+    delete.add_argument("name", metavar="EVENT_TYPE")
+    delete.set_defaults(func=cmd_event_types_delete)
+    for parser in (define, listing, delete):
+        _common(parser)
+
+
+def _schema_arg(given: str | None) -> Any:
+    if given is None:
+        return None
+    if given == "-":
+        text = sys.stdin.read()
+    elif given.lstrip().startswith("{"):
+        text = given
+    else:
+        try:
+            with open(given, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise InvalidEndpoint(f"--schema: cannot read {given}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidEndpoint(f"--schema is not JSON: {exc}") from None
+
+
+def cmd_event_types_define(args: argparse.Namespace) -> int:
+    schema = _schema_arg(args.schema)
+
+    async def go(app: App, conn: AsyncConn) -> int:
+        t = await app.webhooks.define_event_type(args.name, description=args.description,
+                                                 schema=schema, conn=conn)
+        _emit(args, t.to_json(), f"defined event type {t.name} "
+                                 f"({'with a schema' if t.schema else 'any JSON payload'})")
+        return 0
+    return _run(args, go)
+
+
+def cmd_event_types_list(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        items = await app.webhooks.event_types(conn=conn)
+        _emit(args, [t.to_json() for t in items], "\n".join(
+            f"{t.name}  {'schema' if t.schema else 'any JSON'}  {t.description}".rstrip()
+            for t in items) or "no event types: the catalog is empty, so any type is sent")
+        return 0
+    return _run(args, go)
+
+
+def cmd_event_types_delete(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        await app.webhooks.delete_event_type(args.name, conn=conn)
+        _emit(args, {"deleted": args.name}, f"deleted event type {args.name} from the catalog")
+        return 0
+    return _run(args, go)

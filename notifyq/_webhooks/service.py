@@ -36,6 +36,7 @@ from notifyq._runtime import Runtime
 from notifyq._settings import WebhookSettings
 from notifyq._webhooks import endpoints as checks
 from notifyq._webhooks import headers as sealed
+from notifyq._webhooks.catalog import MAX_SCHEMA_BYTES, Catalog, EventType, check_schema
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.rows import (
     Attempt,
@@ -107,6 +108,7 @@ class Webhooks:
         self.header_column: EncryptedColumn = columns.register(
             f"{runtime.settings.schema_name}.{ENDPOINT_TABLE}", pk="id", column=sealed.COLUMN,
             builtin=True)
+        self._catalog = Catalog(self.event_types)
 
     @property
     def settings(self) -> WebhookSettings:
@@ -143,6 +145,8 @@ class Webhooks:
         url = checks.check_url(url, self.settings)
         headers = checks.check_headers(headers)
         event_types = checks.check_event_types(event_types)
+        await self._catalog.check_subscription(
+            event_types, allow_unknown=self.settings.allow_unknown_event_types)
         secret = self._secret(secret)
         async with self._conn(conn) as c, c.transaction():
             keyring = await self._keyring()
@@ -246,6 +250,8 @@ class Webhooks:
         the current filter)."""
         set_types = event_types is not ...
         types = checks.check_event_types(event_types) if isinstance(event_types, list) else None
+        await self._catalog.check_subscription(
+            types, allow_unknown=self.settings.allow_unknown_event_types)
         endpoint = _uuid(endpoint_id)
         params = {"id": endpoint, "now": self._now(),
                   "url": checks.check_url(url, self.settings) if url is not None else None,
@@ -329,6 +335,9 @@ class Webhooks:
         """Send ``payload`` (the exact JSON body, as PostgreSQL's jsonb prints it) to
         ``endpoint_id``, or to every enabled endpoint subscribed to ``event_type``: one
         ``webhook.deliver`` run each. With ``conn``, inside the caller's transaction."""
+        await self._catalog.check_messages(
+            [(event_type, payload)], allow_unknown=self.settings.allow_unknown_event_types,
+            numbered=False)
         params = {"event_type": event_type, "payload": _payload_text(payload),
                   "endpoint_id": _uuid(endpoint_id) if endpoint_id is not None else None,
                   "idempotency_key": idempotency_key}
@@ -352,6 +361,9 @@ class Webhooks:
         items = [m if isinstance(m, WebhookMessage) else WebhookMessage(*m) for m in messages]
         texts = [_payload_text(m.payload, where=f"message {n}: ")
                  for n, m in enumerate(items, 1)]
+        await self._catalog.check_messages(
+            [(m.event_type, m.payload) for m in items],
+            allow_unknown=self.settings.allow_unknown_event_types, numbered=True)
         sent: list[SentMessage] = []
         with translated_errors():
             async with self._conn(conn) as c, self._atomic(c):
@@ -383,6 +395,44 @@ class Webhooks:
                 raise
             raise InvalidEnqueue(_renumbered(str(translated), first - 1)) from None
         return rows
+
+    # -- the event-type catalog ----------------------------------------------------------------
+
+    async def define_event_type(self, name: str, *, description: str = "",
+                                schema: dict[str, Any] | None = None,
+                                conn: AnyConn | None = None) -> EventType:
+        """Add ``name`` to the event-type catalog, or change its description and schema (a
+        JSON Schema, draft 2020-12, that payloads of this type must match; None: any JSON).
+        See :mod:`notifyq._webhooks.catalog` for what a non-empty catalog refuses."""
+        checks.check_event_types([name])
+        if len(description) > checks.MAX_DESCRIPTION_LEN:
+            raise InvalidEndpoint(f"description: at most {checks.MAX_DESCRIPTION_LEN} "
+                                  "characters")
+        schema = check_schema(name, schema)
+        if schema is not None and len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
+            raise InvalidEndpoint(f"schema: at most {MAX_SCHEMA_BYTES} bytes of JSON")
+        async with self._conn(conn) as c:
+            row = await self._one(c, self._rt.queries.webhook_event_type_upsert, {
+                "name": name, "description": description,
+                "schema": None if schema is None else Jsonb(schema), "now": self._now()})
+        assert row is not None  # noqa: S101 - INSERT ... RETURNING
+        self._catalog.forget()
+        return EventType(**row)
+
+    async def event_types(self, *, conn: AnyConn | None = None) -> list[EventType]:
+        """The event-type catalog, by name."""
+        async with self._conn(conn) as c:
+            rows = await self._all(c, self._rt.queries.webhook_event_type_list, {}, dict_row)
+        return [EventType(**r) for r in rows]
+
+    async def delete_event_type(self, name: str, *, conn: AnyConn | None = None) -> None:
+        """Remove ``name`` from the catalog (endpoints subscribed to it keep their list;
+        messages already sent are kept). WebhookNotFound if it is not there."""
+        async with self._conn(conn) as c:
+            row = await self._one(c, self._rt.queries.webhook_event_type_delete, {"name": name})
+        self._catalog.forget()
+        if row is None:
+            raise WebhookNotFound(f"no event type {name!r} in the catalog")
 
     @property
     def max_attempts(self) -> int:
