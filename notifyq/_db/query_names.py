@@ -167,6 +167,9 @@ class QueryNames:
     webhook_delivery_resend: LiteralString
     webhook_delivery_recover: LiteralString
     webhook_delivery_list_by_endpoint: LiteralString
+    webhook_delivery_missing_count: LiteralString
+    webhook_delivery_replay_missing: LiteralString
+    webhook_delivery_replay_lock: LiteralString
 
     # db/queries/webhook_endpoint.sql
     webhook_endpoint_insert: LiteralString

@@ -27,7 +27,7 @@ from notifyq._webhooks.service import SentMessage
 def add_webhooks_parser(sub: Any) -> None:
     hooks = sub.add_parser("webhooks", help="webhook endpoints, messages and attempts")
     actions = hooks.add_subparsers(dest="action", required=True, parser_class=Parser,
-                                   metavar="endpoints|event-types|send|attempts|resend|recover")
+                                   metavar="endpoints|event-types|send|attempts|resend|recover|replay-missing")
     _add_endpoints(actions, Parser)
     _add_event_types(actions, Parser)
 
@@ -55,7 +55,16 @@ def add_webhooks_parser(sub: Any) -> None:
     recover.add_argument("endpoint_id", metavar="ENDPOINT")
     recover.add_argument("--since", metavar="ISO8601", required=True)
     recover.set_defaults(func=cmd_recover)
-    for parser in (send, attempts, resend, recover):
+
+    replay = actions.add_parser("replay-missing", help="send an endpoint the messages since a "
+                                                       "time that it never got")
+    replay.add_argument("endpoint_id", metavar="ENDPOINT")
+    replay.add_argument("--since", metavar="ISO8601", required=True)
+    replay.add_argument("--limit", type=int, default=10_000,
+                        help="at most this many messages (default 10000)")
+    replay.add_argument("--dry-run", action="store_true", help="count them; send nothing")
+    replay.set_defaults(func=cmd_replay_missing)
+    for parser in (send, attempts, resend, recover, replay):
         _common(parser)
 
 
@@ -301,13 +310,18 @@ def cmd_resend(args: argparse.Namespace) -> int:
     return _run(args, go)
 
 
-def cmd_recover(args: argparse.Namespace) -> int:
+def _since(given: str) -> datetime:
     try:
-        since = datetime.fromisoformat(args.since)
+        since = datetime.fromisoformat(given)
     except ValueError:
-        raise InvalidEndpoint(f"--since {args.since!r} is not an ISO 8601 time") from None
+        raise InvalidEndpoint(f"--since {given!r} is not an ISO 8601 time") from None
     if since.tzinfo is None:
         raise InvalidEndpoint("--since needs a UTC offset (e.g. 2030-01-01T09:00Z)")
+    return since
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    since = _since(args.since)
 
     async def go(app: App, conn: AsyncConn) -> int:
         rows = await app.webhooks.recover(args.endpoint_id, since, conn=conn)
@@ -393,5 +407,25 @@ def cmd_event_types_delete(args: argparse.Namespace) -> int:
     async def go(app: App, conn: AsyncConn) -> int:
         await app.webhooks.delete_event_type(args.name, conn=conn)
         _emit(args, {"deleted": args.name}, f"deleted event type {args.name} from the catalog")
+        return 0
+    return _run(args, go)
+
+
+def cmd_replay_missing(args: argparse.Namespace) -> int:
+    since = _since(args.since)
+
+    async def go(app: App, conn: AsyncConn) -> int:
+        r = await app.webhooks.replay_missing(args.endpoint_id, since, limit=args.limit,
+                                              dry_run=args.dry_run, conn=conn)
+        what = f"{_plural(r.count, 'message')} since {since.isoformat()}"
+        if args.dry_run:
+            text = (f"endpoint {args.endpoint_id} missed {'at least ' if r.more else ''}{what} "
+                    "(dry run: nothing sent)")
+        elif r.count:
+            text = (f"replayed {what} to endpoint {args.endpoint_id}: each has a new delivery"
+                    + ("; more are left: run it again" if r.more else ""))
+        else:
+            text = f"endpoint {args.endpoint_id} missed nothing since {since.isoformat()}"
+        _emit(args, r.to_json(), text)
         return 0
     return _run(args, go)

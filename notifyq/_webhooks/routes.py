@@ -37,7 +37,7 @@ from notifyq._webhooks.endpoints import (
     MAX_URL_LENGTH,
 )
 from notifyq._webhooks.rows import Message
-from notifyq._webhooks.service import WebhookMessage
+from notifyq._webhooks.service import MAX_REPLAY, WebhookMessage
 
 MESSAGE_ID = r"^[A-Za-z0-9_-]{1,64}$"
 Header = dict[Annotated[str, Field(max_length=MAX_HEADER_NAME_LEN)],
@@ -117,6 +117,12 @@ class RecoverIn(_In):
     since: AwareDatetime
 
 
+class ReplayIn(_In):
+    since: AwareDatetime
+    limit: Annotated[int, Field(ge=1, le=MAX_REPLAY)] = 10_000
+    dry_run: bool = Field(False, description="count what would be sent; change nothing")
+
+
 class MessageIn(_In):
     event_type: Annotated[Text, Field(min_length=1, max_length=MAX_EVENT_TYPE_LEN)]
     payload: dict[str, Any] | list[Any]
@@ -149,7 +155,7 @@ class ResendIn(_In):
 def _endpoint_field(message: str) -> str:
     head = message.split(":", 1)[0]
     return head if head in ("url", "headers", "event_types", "secret", "grace_s", "schema",
-                            "description") else "body"
+                            "description", "endpoint", "limit") else "body"
 
 
 async def _answer(call: Callable[[], Awaitable[Any]]) -> Any:
@@ -352,6 +358,18 @@ def _add_endpoint_routes(router: APIRouter, app: App, read: list[Any],
             return JSONResponse({"recovered": len(rows), "items": [
                 {"message_id": r["message_id"], "run_id": str(r["run_id"])} for r in rows]},
                 status_code=202)
+        return await _answer(go)
+
+    @router.post("/webhooks/endpoints/{id}/replay-missing", dependencies=admin, status_code=202,
+                 responses=responses_for(404, 422, *auth), tags=["webhooks"],
+                 summary="Send the endpoint the messages since a time that it never got "
+                         "(disabled, canceled, or subscribed later); dry_run counts them")
+    async def replay_missing(id: UUID, body: ReplayIn, tenants: Tenants) -> Any:
+        async def go() -> Any:
+            await _endpoint_in(app, id, tenants)
+            replayed = await app.webhooks.replay_missing(id, body.since, limit=body.limit,
+                                                         dry_run=body.dry_run)
+            return JSONResponse(replayed.to_json(), status_code=200 if body.dry_run else 202)
         return await _answer(go)
 
 

@@ -95,6 +95,23 @@ class WebhookMessage:
     idempotency_key: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """What :meth:`Webhooks.replay_missing` sent (or, in a dry run, would send): ``count``
+    messages, ``more`` when another call would find more, ``items`` each message's new run."""
+
+    count: int
+    more: bool
+    items: list[Recovered]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "more": self.more, "items": [
+            {"message_id": r["message_id"], "run_id": str(r["run_id"])} for r in self.items]}
+
+
+MAX_REPLAY = 100_000
+"""The most messages one replay_missing call sends."""
+
 SEND_MANY_CHUNK = 1000
 """Messages per statement of send_many (one transaction for all of them)."""
 
@@ -521,6 +538,38 @@ class Webhooks:
             return await self._all(c, self._rt.queries.webhook_delivery_recover, {
                 "endpoint_id": endpoint.id, "since": since, "limit": limit,
                 "now": self._now()}, recovered_row)
+
+    async def replay_missing(self, endpoint_id: UUID | str, since: datetime, *,
+                             limit: int = 10_000, dry_run: bool = False,
+                             conn: AnyConn | None = None) -> Replayed:
+        """Send the endpoint the messages since ``since`` that it should have received and
+        never got: no delivery (it was disabled when they were sent, or subscribed to their
+        type later) or a canceled one (disabled while they waited). Each gets a delivery and a
+        fresh series of scheduled attempts, oldest message first, at most ``limit`` per call;
+        ``more`` says whether another call would find more. ``dry_run`` counts (up to
+        ``limit``) and changes nothing. The endpoint must be enabled. Safe to repeat and to run
+        beside sends: a message is never given a second delivery."""
+        if not 1 <= limit <= MAX_REPLAY:
+            raise InvalidEndpoint(f"limit: between 1 and {MAX_REPLAY}")
+        endpoint = await self.get_endpoint(endpoint_id, conn=conn)
+        if not endpoint.enabled:
+            raise InvalidEndpoint(f"endpoint: {endpoint.id} is disabled: enable it before "
+                                  "replaying what it missed")
+        q = self._rt.queries
+        params = {"endpoint_id": endpoint.id, "since": since, "now": self._now(),
+                  "from_id": f"msg_{max(0, int(since.timestamp() * 1000)):012x}"}
+        async with self._conn(conn) as c, self._atomic(c):
+            if dry_run:
+                row = await self._one(c, q.webhook_delivery_missing_count,
+                                      {**params, "limit": limit + 1})
+                assert row is not None  # noqa: S101 - an aggregate
+                return Replayed(min(row["missing"], limit), row["missing"] > limit, [])
+            await c.execute(q.webhook_delivery_replay_lock, {"endpoint_id": endpoint.id})
+            rows = await self._all(c, q.webhook_delivery_replay_missing,
+                                   {**params, "limit": limit}, recovered_row)
+            left = await self._one(c, q.webhook_delivery_missing_count, {**params, "limit": 1})
+        assert left is not None  # noqa: S101 - an aggregate
+        return Replayed(len(rows), left["missing"] > 0, rows)
 
 
 def _payload_text(payload: Any, *, where: str = "") -> str:
