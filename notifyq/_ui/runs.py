@@ -20,15 +20,29 @@ from notifyq._run import RUN_STATUSES
 from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirect
 
 PAGE = 50
-FILTERS = ("status", "type", "pool", "tag", "tenant", "scope", "scope_id", "from", "to", "q")
+FILTERS = ("status", "type", "pool", "tag", "tenant", "scope", "scope_id", "from", "to", "q",
+           "due", "finished")
+FINISHED_WITHIN = {"1h": 3600, "24h": 24 * 3600, "7d": 7 * 24 * 3600}
+"""The ``finished`` filter's choices: finished in the last hour, day or week."""
 DONE = {"cancel": "Canceled", "retry": "Put back in line", "signal": "Signal sent"}
 
 
 def run_filter(params: dict[str, str]) -> RunFilter:
-    """The list's filter from its form fields (a Problem page, 422, naming a bad one)."""
+    """The list's filter from its form fields (a Problem page, 422, naming a bad one).
+    ``status`` may be several, comma-separated (the overview's "failed" counts timed-out runs
+    too)."""
+    statuses = tuple(params["status"].split(",")) if params.get("status") else ()
+    finished = params.get("finished")
+    if finished is not None and finished not in FINISHED_WITHIN:
+        raise Problem(422, "Invalid filter", f"finished: {finished!r} is not one of "
+                      f"{', '.join(FINISHED_WITHIN)}")
     try:
         return RunFilter(
-            status=params.get("status"), job_type=params.get("type"), pool=params.get("pool"),
+            status=statuses[0] if len(statuses) == 1 else None,
+            status_in=statuses if len(statuses) > 1 else None,
+            due=params.get("due"),  # type: ignore[arg-type]  # RunFilter checks it
+            finished_within_s=FINISHED_WITHIN[finished] if finished else None,
+            job_type=params.get("type"), pool=params.get("pool"),
             tag=params.get("tag"), tenant_id=params.get("tenant"),
             scope_entity_type=params.get("scope"), scope_entity_id=params.get("scope_id"),
             created_after=_time(params, "from"), created_before=_time(params, "to"),

@@ -1,0 +1,75 @@
+"""The dashboard in a real headless Chromium against a real ``notifyq serve``: what the overview
+counts and what its links list, the workers' running runs, durable runs' waits, and the
+operator's actions (replay, delete, reschedule, pause a job type, schedules)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.integration.serving import Served
+from tests.support import scalar
+from tests.ui.test_browser import _page, _shot, _sign_in, served
+
+Conn = psycopg.Connection[Any]
+__all__ = ["served"]  # the fixture, shared with test_browser
+
+pytestmark = pytest.mark.timeout(180)
+
+# Runs of a pool no worker serves, in every state the overview counts (and some it does not).
+PARKED = """
+INSERT INTO notifyq.job_run (job_type, input, pool, status, run_at, leased_by,
+                             lease_expires_at, finished_at)
+SELECT 'ui.flaky', '{}', 'parked', s.status, now() + s.run_in, s.leased_by,
+       now() + interval '1 hour', now() + s.finished_in
+FROM (VALUES ('pending', interval '-1 minute', NULL, NULL::interval),
+             ('pending', interval '-2 hours', NULL, NULL),
+             ('pending', interval '-1 second', NULL, NULL),
+             ('pending', interval '1 hour', NULL, NULL),
+             ('pending', interval '2 days', NULL, NULL),
+             ('running', interval '-1 minute', 'elsewhere', NULL),
+             ('running', interval '-1 minute', 'elsewhere', NULL),
+             ('waiting', interval '900 years', NULL, NULL),
+             ('failed', interval '-1 hour', NULL, interval '-10 minutes'),
+             ('failed', interval '-1 hour', NULL, interval '-20 minutes'),
+             ('timed_out', interval '-1 hour', NULL, interval '-5 minutes'),
+             ('failed', interval '-3 hours', NULL, interval '-2 hours'),
+             ('timed_out', interval '-3 hours', NULL, interval '-90 minutes'),
+             ('canceled', interval '-1 hour', NULL, interval '-1 minute'),
+             ('completed', interval '-1 hour', NULL, interval '-1 minute'))
+     AS s(status, run_in, leased_by, finished_in)
+"""
+COUNTED = {  # each overview column: the runs it counts, in SQL
+    "Runnable": "status = 'pending' AND run_at <= now()",
+    "Scheduled": "status = 'pending' AND run_at > now()",
+    "Running": "status = 'running'",
+    "Waiting": "status = 'waiting'",
+    "Failed (1 h)": "status IN ('failed', 'timed_out') "
+                    "AND finished_at >= now() - interval '1 hour'",
+}
+
+
+def _listed(page: Any) -> int:
+    return int(page.locator("tbody#rows tr:has(a[href*='/ui/runs/'])").count())
+
+
+def test_every_overview_number_links_to_exactly_the_runs_it_counts(
+        browser: Any, served: Served, sql: Conn, screenshots: Path) -> None:
+    sql.execute(PARKED)
+    page = _page(browser, served)
+    _sign_in(page)
+    headers = page.locator("#panels table").first.locator("thead th").all_inner_texts()
+    for column, where in COUNTED.items():
+        page.goto("/ui/")
+        cell = page.locator("#panels tr", has=page.locator("th", has_text="parked")).locator(
+            "th, td").nth(headers.index(column))
+        shown = int(cell.inner_text())
+        assert shown == scalar(sql, f"SELECT count(*) FROM notifyq.job_run "
+                                    f"WHERE pool = 'parked' AND {where}"), column
+        cell.get_by_role("link").click()
+        page.wait_for_url("**/ui/runs?**")
+        assert _listed(page) == shown, (column, page.url)
+    _shot(page, screenshots, "runs-failed-last-hour")
