@@ -177,6 +177,8 @@ class RunFilter:
     (``later``: pending ones are scheduled)."""
     finished_within_s: int | None = None
     """Only runs finished in the last this many seconds."""
+    leased_by: str | None = None
+    """Only runs leased by this worker (its id): with ``status`` running, those it holds."""
 
     def __post_init__(self) -> None:
         for status in (self.status, *(self.status_in or ())):

@@ -21,7 +21,7 @@ from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirec
 
 PAGE = 50
 FILTERS = ("status", "type", "pool", "tag", "tenant", "scope", "scope_id", "from", "to", "q",
-           "due", "finished")
+           "due", "finished", "worker")
 FINISHED_WITHIN = {"1h": 3600, "24h": 24 * 3600, "7d": 7 * 24 * 3600}
 """The ``finished`` filter's choices: finished in the last hour, day or week."""
 DONE = {"cancel": "Canceled", "retry": "Put back in line", "signal": "Signal sent"}
@@ -42,6 +42,7 @@ def run_filter(params: dict[str, str]) -> RunFilter:
             status_in=statuses if len(statuses) > 1 else None,
             due=params.get("due"),  # type: ignore[arg-type]  # RunFilter checks it
             finished_within_s=FINISHED_WITHIN[finished] if finished else None,
+            leased_by=params.get("worker"),
             job_type=params.get("type"), pool=params.get("pool"),
             tag=params.get("tag"), tenant_id=params.get("tenant"),
             scope_entity_type=params.get("scope"), scope_entity_id=params.get("scope_id"),

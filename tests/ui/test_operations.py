@@ -11,10 +11,11 @@ import psycopg
 import pytest
 
 from tests.integration.serving import Served
-from tests.support import scalar
-from tests.ui.test_browser import _page, _shot, _sign_in, served
+from tests.support import scalar, spawn_worker, stop, wait_until
+from tests.ui.test_browser import LIVE_S, _page, _shot, _sign_in, served
 
 Conn = psycopg.Connection[Any]
+WORKER_APP = "tests.apps.operations:app"
 __all__ = ["served"]  # the fixture, shared with test_browser
 
 pytestmark = pytest.mark.timeout(180)
@@ -73,3 +74,39 @@ def test_every_overview_number_links_to_exactly_the_runs_it_counts(
         page.wait_for_url("**/ui/runs?**")
         assert _listed(page) == shown, (column, page.url)
     _shot(page, screenshots, "runs-failed-last-hour")
+
+
+def test_the_workers_running_column_counts_the_runs_a_worker_holds_now(
+        browser: Any, served: Served, dsn: str, sql: Conn, tmp_path: Path) -> None:
+    # Heartbeats every 5 minutes: the registry's snapshot of what runs is that old (before, the
+    # column showed it), while the runs below start and finish within a second or two.
+    slow_beat = {"NOTIFYQ_WORKER__LEASE_S": "900",
+                 "NOTIFYQ_WORKER__HEARTBEAT_INTERVAL_S": "300"}
+    worker = spawn_worker(dsn, WORKER_APP, concurrency=5,
+                          extra_env=slow_beat)
+    try:
+        page = _page(browser, served)
+        _sign_in(page)
+        row = page.locator("#panels tr", has=page.locator("td", has_text="gated"))
+        row.wait_for(timeout=LIVE_S)  # registered
+        gate = tmp_path / "open"
+        with served.client() as http:
+            for _ in range(3):
+                http.post("/v1/jobs", json={"job_type": "ui.gate", "input": {"gate": str(gate)}})
+        wait_until(lambda: _running(sql, 3), timeout=10)
+        running = row.locator("td.num").first
+        running.get_by_text("3", exact=True).wait_for(timeout=5_000)  # the next refresh
+        running.get_by_role("link").click()
+        page.wait_for_url("**/ui/runs?**")
+        assert _listed(page) == 3
+        page.goto("/ui/")
+        gate.touch()
+        wait_until(lambda: _running(sql, 0), timeout=10)
+        running.get_by_text("0", exact=True).wait_for(timeout=5_000)
+    finally:
+        stop(worker)
+
+
+def _running(sql: Conn, n: int) -> None:
+    assert scalar(sql, "SELECT count(*) FROM notifyq.job_run WHERE status = 'running' "
+                       "AND pool = 'gated'") == n
