@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
-from notifyq._control import BULK_MAX, COUNT_CAP, BulkAction, RunFilter
+from notifyq._control import BULK_MAX, COUNT_CAP, BulkAction, RunDetail, RunFilter
 from notifyq._errors import InvalidEnqueue, InvalidTransition, RunNotFound
 from notifyq._run import RUN_STATUSES
 from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirect
@@ -111,7 +111,8 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
             raise Problem(404, "No such run", f"there is no run {id} (it may have been "
                           "purged after its retention)") from None
         return ui.page(request, viewer, "run.html", detail=found, run=found.run,
-                       done=_done(request), live=not found.run.status.terminal)
+                       done=_done(request), live=not found.run.status.terminal,
+                       waiting_step=_waiting_step(found))
 
     @router.post("/runs/{id}/{action}")
     async def act(request: Request, id: str, action: str) -> Response:
@@ -168,6 +169,15 @@ def _add_bulk(router: APIRouter, app: App, ui: Ui) -> None:
         return redirect(request, "/runs", **query(form, *FILTERS), done=action,
                         changed=str(result.changed), requested=str(result.requested),
                         remaining=str(result.remaining))
+
+
+def _waiting_step(found: RunDetail) -> str | None:
+    """The step a waiting run waits in: its latest sleep or signal step, shown as sleeping or
+    waiting instead of the fact recorded for it (a sleep is recorded completed at once, a wait
+    for a signal running)."""
+    kind = {"sleep": "sleep", "signal": "signal"}.get(found.wait["kind"]) if found.wait else None
+    steps = [s["step_id"] for s in found.steps if s["kind"] == kind]
+    return steps[-1] if steps else None
 
 
 async def _signal(app: App, form: dict[str, str]) -> int:

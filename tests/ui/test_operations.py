@@ -4,6 +4,7 @@ operator's actions (replay, delete, reschedule, pause a job type, schedules)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,49 @@ def test_the_workers_running_column_counts_the_runs_a_worker_holds_now(
 def _running(sql: Conn, n: int) -> None:
     assert scalar(sql, "SELECT count(*) FROM notifyq.job_run WHERE status = 'running' "
                        "AND pool = 'gated'") == n
+
+
+def test_durable_waits_show_what_they_wait_for_and_charts_read_utc(
+        browser: Any, served: Served, dsn: str, sql: Conn) -> None:
+    worker = spawn_worker(dsn, WORKER_APP, concurrency=5)
+    try:
+        wait_until(lambda: _registered(sql), timeout=30)
+        with served.client() as http:
+            nap = http.post("/v1/jobs", json={"job_type": "ui.nap"}).json()["id"]
+            approval = http.post("/v1/jobs", json={"job_type": "ui.approval"}).json()["id"]
+        wait_until(lambda: _waiting(sql, nap, approval), timeout=30)
+    finally:
+        stop(worker)
+    until = scalar(sql, "SELECT run_at FROM notifyq.job_run WHERE id = %s", (nap,))
+    page = _page(browser, served)
+    _sign_in(page)
+    page.goto(f"/ui/runs/{nap}")
+    sleep = page.locator(".timeline li", has_text="sleep:1")
+    assert sleep.locator(".badge").inner_text() == "sleeping"
+    assert "until in 5" in sleep.inner_text()  # 59 or 58 min
+    assert f"({until:%Y-%m-%d %H:%M:%S} UTC)" in sleep.inner_text()
+    assert page.locator("#attempts").inner_text().startswith("in attempt 1 of 3")
+    page.goto(f"/ui/runs/{approval}")
+    signal = page.locator(".timeline li", has_text="signal:")
+    assert signal.locator(".badge").inner_text() == "waiting"
+    assert f"for signal approve:{approval} since" in signal.inner_text()
+    # The charts' times are UTC whatever the browser's time zone (UTC+14 here).
+    far_east = browser.new_context(base_url=served.url, timezone_id="Pacific/Kiritimati",
+                                   viewport={"width": 1280, "height": 900}).new_page()
+    _sign_in(far_east)
+    chart = far_east.locator(".chart").first
+    chart.locator("canvas").wait_for(timeout=LIVE_S)
+    box = chart.locator(".u-over").bounding_box()
+    far_east.mouse.move(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)
+    shown = chart.locator(".u-legend .u-series").first.locator(".u-value").inner_text()
+    minute = datetime.strptime(shown, "%Y-%m-%d %H:%M UTC").replace(tzinfo=UTC)
+    assert abs(datetime.now(UTC) - minute) < timedelta(minutes=5), shown
+
+
+def _registered(sql: Conn) -> None:
+    assert scalar(sql, "SELECT count(*) FROM notifyq.worker WHERE 'gated' = ANY (pools)") == 1
+
+
+def _waiting(sql: Conn, *ids: str) -> None:
+    assert scalar(sql, "SELECT count(*) FROM notifyq.job_run WHERE status = 'waiting' "
+                       "AND id = ANY (%s::uuid[])", (list(ids),)) == len(ids)
