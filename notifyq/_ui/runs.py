@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse, Response
 from notifyq._app import App
 from notifyq._control import BULK_MAX, COUNT_CAP, BulkAction, RunDetail, RunFilter
 from notifyq._errors import InvalidEnqueue, InvalidTransition, RunNotFound
+from notifyq._pause import Pause
 from notifyq._run import RUN_STATUSES
 from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirect
 
@@ -24,7 +25,9 @@ FILTERS = ("status", "type", "pool", "tag", "tenant", "scope", "scope_id", "from
            "due", "finished", "worker")
 FINISHED_WITHIN = {"1h": 3600, "24h": 24 * 3600, "7d": 7 * 24 * 3600}
 """The ``finished`` filter's choices: finished in the last hour, day or week."""
-DONE = {"cancel": "Canceled", "retry": "Put back in line", "signal": "Signal sent"}
+DONE = {"cancel": "Canceled", "retry": "Put back in line", "signal": "Signal sent",
+        "replay": "Replaying from the step", "delete": "Deleted", "reschedule": "Rescheduled",
+        "pause_type": "Job type paused", "resume_type": "Job type resumed"}
 
 
 def run_filter(params: dict[str, str]) -> RunFilter:
@@ -112,7 +115,8 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
                           "purged after its retention)") from None
         return ui.page(request, viewer, "run.html", detail=found, run=found.run,
                        done=_done(request), live=not found.run.status.terminal,
-                       waiting_step=_waiting_step(found))
+                       waiting_step=_waiting_step(found),
+                       type_paused=await type_pause(app, found.run.job_type))
 
     @router.post("/runs/{id}/{action}")
     async def act(request: Request, id: str, action: str) -> Response:
@@ -169,6 +173,12 @@ def _add_bulk(router: APIRouter, app: App, ui: Ui) -> None:
         return redirect(request, "/runs", **query(form, *FILTERS), done=action,
                         changed=str(result.changed), requested=str(result.requested),
                         remaining=str(result.remaining))
+
+
+async def type_pause(app: App, job_type: str) -> Pause | None:
+    """The job type's pause, if it is paused (the run page offers to pause or resume it)."""
+    return next((p for p in await app.paused() if p.kind == "type" and p.name == job_type),
+                None)
 
 
 def _waiting_step(found: RunDetail) -> str | None:

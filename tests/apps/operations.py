@@ -30,3 +30,10 @@ async def nap(ctx: JobContext) -> str:
 @app.handler("ui.approval", pool="gated")
 async def approval(ctx: JobContext) -> Any:
     return await ctx.wait_for_signal(f"approve:{ctx.run.id}")
+
+
+@app.handler("ui.steps", pool="gated")
+async def steps(ctx: JobContext) -> dict[str, Any]:
+    first = await ctx.step("first", lambda: 1)
+    second = await ctx.step("second", lambda: ctx.run.attempt)
+    return {"first": first, "second": second}

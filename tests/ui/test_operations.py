@@ -11,8 +11,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.integration.serving import Served
+from tests.integration.serving import READER, Served
 from tests.support import scalar, spawn_worker, stop, wait_until
+from tests.ui.dashboard import Dashboard
 from tests.ui.test_browser import LIVE_S, _page, _shot, _sign_in, served
 
 Conn = psycopg.Connection[Any]
@@ -157,3 +158,86 @@ def _registered(sql: Conn) -> None:
 def _waiting(sql: Conn, *ids: str) -> None:
     assert scalar(sql, "SELECT count(*) FROM notifyq.job_run WHERE status = 'waiting' "
                        "AND id = ANY (%s::uuid[])", (list(ids),)) == len(ids)
+
+
+def test_an_admin_replays_deletes_reschedules_pauses_a_type_and_a_schedule(
+        browser: Any, served: Served, dsn: str, sql: Conn) -> None:
+    worker = spawn_worker(dsn, WORKER_APP, concurrency=5)
+    try:
+        wait_until(lambda: _registered(sql), timeout=30)
+        with served.client() as http:
+            run = http.post("/v1/jobs", json={"job_type": "ui.steps"}).json()["id"]
+            later = http.post("/v1/jobs", json={"job_type": "ui.flaky", "pool": "parked",
+                                                "run_at": "2099-01-01T00:00:00Z"}).json()["id"]
+        wait_until(lambda: _status(sql, run, "completed", attempts=1), timeout=30)
+        page = _page(browser, served)
+        _sign_in(page)
+        page.goto(f"/ui/runs/{run}")
+        page.get_by_label("Replay from").select_option("second")
+        page.get_by_role("button", name="Replay…").click()
+        assert page.locator("h1").inner_text() == "Replay this run from step second?"
+        page.get_by_role("button", name="Replay from second").click()
+        page.locator("p.notice", has_text="Replaying from the step").wait_for()
+        wait_until(lambda: _status(sql, run, "completed", attempts=2), timeout=30)
+
+        page.get_by_role("button", name="Pause type ui.steps…").click()
+        page.get_by_role("button", name="Pause ui.steps").click()
+        page.locator("#type-paused", has_text="paused since").wait_for()
+        assert scalar(sql, "SELECT name FROM notifyq.pause WHERE kind = 'type'") == "ui.steps"
+        page.get_by_role("button", name="Resume type ui.steps").click()
+        page.locator("p.notice", has_text="Job type resumed").wait_for()
+        assert scalar(sql, "SELECT count(*) FROM notifyq.pause") == 0
+
+        page.get_by_role("button", name="Delete…").click()
+        page.get_by_role("button", name="Delete the run").click()
+        page.locator("p.notice", has_text="Deleted: 1 run").wait_for()
+        assert scalar(sql, "SELECT count(*) FROM notifyq.job_run WHERE id = %s", (run,)) == 0
+    finally:
+        stop(worker)
+    page.goto(f"/ui/runs/{later}")
+    page.get_by_label("Run at (UTC)").fill("2030-01-02T03:04:05")
+    page.get_by_role("button", name="Reschedule").click()
+    page.locator("p.notice", has_text="Rescheduled").wait_for()
+    assert scalar(sql, "SELECT run_at FROM notifyq.job_run WHERE id = %s", (later,)) == (
+        datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC))
+
+    page.goto("/ui/schedules")
+    report = page.locator("tr", has_text="ui.report")
+    report.get_by_role("button", name="Pause").click()
+    report.get_by_text("paused since").wait_for()
+    report.get_by_role("button", name="Resume").click()
+    page.locator("p.notice", has_text="Schedule resumed").wait_for()
+    assert "active" in report.inner_text()
+
+
+def test_a_read_only_session_sees_no_run_or_schedule_actions_and_cannot_post_them(
+        browser: Any, served: Served, sql: Conn) -> None:
+    sql.execute(PARKED)
+    done = scalar(sql, "SELECT id FROM notifyq.job_run WHERE status = 'completed'")
+    pending = scalar(sql, "SELECT id FROM notifyq.job_run WHERE status = 'pending' LIMIT 1")
+    page = _page(browser, served)
+    _sign_in(page, READER)
+    for run in (done, pending):
+        page.goto(f"/ui/runs/{run}")
+        assert page.locator("main form").count() == 0, run
+    page.goto("/ui/schedules")
+    assert "ui.report" in page.locator("table").inner_text()
+    assert page.locator("main form").count() == 0
+    with Dashboard(served) as reader:
+        reader.sign_in(READER)
+        for path in (f"/ui/runs/{done}/delete", f"/ui/runs/{done}/replay",
+                     f"/ui/runs/{pending}/reschedule", f"/ui/runs/{done}/pause_type",
+                     "/ui/schedules/ui.report/pause"):
+            answer = reader.post(path, {"confirm": "yes", "from_step": "x",
+                                        "run_at": "2030-01-01T00:00"})
+            assert answer.status_code == 403, (path, answer.status_code)
+    assert scalar(sql, "SELECT count(*) FROM notifyq.job_run WHERE id = %s", (done,)) == 1
+    assert scalar(sql, "SELECT count(*) FROM notifyq.pause") == 0
+    assert scalar(sql, "SELECT count(*) FROM notifyq.periodic_schedule WHERE paused_at "
+                       "IS NOT NULL") == 0
+
+
+def _status(sql: Conn, run: str, status: str, *, attempts: int) -> None:
+    row = sql.execute("SELECT status, attempts FROM notifyq.job_run WHERE id = %s",
+                      (run,)).fetchone()
+    assert row == (status, attempts), row
