@@ -7,11 +7,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 import pytest
 
-from tests.integration.serving import READER, Served
+from tests.integration.serving import ADMIN, READER, Served
 from tests.support import scalar, spawn_worker, stop, wait_until
 from tests.ui.dashboard import Dashboard
 from tests.ui.test_browser import LIVE_S, _page, _shot, _sign_in, served
@@ -161,7 +162,7 @@ def _waiting(sql: Conn, *ids: str) -> None:
 
 
 def test_an_admin_replays_deletes_reschedules_pauses_a_type_and_a_schedule(
-        browser: Any, served: Served, dsn: str, sql: Conn) -> None:
+        browser: Any, served: Served, dsn: str, sql: Conn, screenshots: Path) -> None:
     worker = spawn_worker(dsn, WORKER_APP, concurrency=5)
     try:
         wait_until(lambda: _registered(sql), timeout=30)
@@ -173,6 +174,7 @@ def test_an_admin_replays_deletes_reschedules_pauses_a_type_and_a_schedule(
         page = _page(browser, served)
         _sign_in(page)
         page.goto(f"/ui/runs/{run}")
+        _shot(page, screenshots, "run-actions")
         page.get_by_label("Replay from").select_option("second")
         page.get_by_role("button", name="Replay…").click()
         assert page.locator("h1").inner_text() == "Replay this run from step second?"
@@ -189,6 +191,7 @@ def test_an_admin_replays_deletes_reschedules_pauses_a_type_and_a_schedule(
         assert scalar(sql, "SELECT count(*) FROM notifyq.pause") == 0
 
         page.get_by_role("button", name="Delete…").click()
+        _shot(page, screenshots, "run-delete-confirm")
         page.get_by_role("button", name="Delete the run").click()
         page.locator("p.notice", has_text="Deleted: 1 run").wait_for()
         assert scalar(sql, "SELECT count(*) FROM notifyq.job_run WHERE id = %s", (run,)) == 0
@@ -241,3 +244,29 @@ def _status(sql: Conn, run: str, status: str, *, attempts: int) -> None:
     row = sql.execute("SELECT status, attempts FROM notifyq.job_run WHERE id = %s",
                       (run,)).fetchone()
     assert row == (status, attempts), row
+
+
+def test_run_actions_refuse_what_the_run_cannot_do_with_a_problem_page(
+        served: Served, sql: Conn) -> None:
+    sql.execute(PARKED)
+    done = scalar(sql, "SELECT id FROM notifyq.job_run WHERE status = 'completed'")
+    pending = scalar(sql, "SELECT id FROM notifyq.job_run WHERE status = 'pending' LIMIT 1")
+    with Dashboard(served) as admin:
+        admin.sign_in(ADMIN)
+        refused = {
+            (f"/ui/runs/{pending}/delete", "yes"): 409,  # cancel it first
+            (f"/ui/runs/{done}/replay", "yes"): 409,  # it recorded no steps
+            (f"/ui/runs/{done}/reschedule", ""): 409,  # only pending runs
+            (f"/ui/runs/{uuid4()}/delete", "yes"): 404,
+        }
+        for (path, confirm), status in refused.items():
+            answer = admin.post(path, {"confirm": confirm, "from_step": "x",
+                                       "run_at": "2030-01-01T00:00"})
+            assert answer.status_code == status, (path, answer.text[:500])
+        bad_time = admin.post(f"/ui/runs/{pending}/reschedule", {"run_at": "tomorrow"})
+        assert bad_time.status_code == 422
+        assert "is not a date and time" in bad_time.text
+        asked = admin.post(f"/ui/runs/{done}/delete")  # not confirmed: the question only
+        assert "Delete this run?" in asked.text
+    assert scalar(sql, "SELECT count(*) FROM notifyq.job_run WHERE id IN (%s, %s)",
+                  (done, pending)) == 2
