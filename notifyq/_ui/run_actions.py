@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
-from notifyq._control import BulkOptions
+from notifyq._control import BulkAction, BulkOptions
 from notifyq._errors import InvalidTransition, RunNotFound, UnknownStep
 from notifyq._ui.runs import _time, run_id
 from notifyq._ui.web import Problem, Ui, redirect
@@ -39,7 +39,7 @@ def add_run_actions(router: APIRouter, app: App, ui: Ui) -> None:
     control = app._control
 
     def confirmed(request: Request, target: UUID, action: str,
-                        form: dict[str, str], **words: str) -> Response | None:
+                  form: dict[str, str], **words: str) -> Response | None:
         """The confirmation page, unless the form says it was confirmed."""
         if action not in ASKS or form.get("confirm") == "yes":
             return None
@@ -104,7 +104,7 @@ def add_run_actions(router: APIRouter, app: App, ui: Ui) -> None:
         return await type_action(request, id, "resume")
 
 
-async def _change(app: App, target: UUID, action: Any, **options: Any) -> None:
+async def _change(app: App, target: UUID, action: BulkAction, **options: Any) -> None:
     """Delete or reschedule one run as the API's bulk action does (the same statuses)."""
     try:
         async with (await app.pool()).connection() as conn:
