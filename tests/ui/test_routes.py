@@ -247,8 +247,8 @@ def test_the_overview_shows_pools_leader_and_the_live_workers(served: Served, sq
     _failed_run(served, sql)
     _later(sql, 3)
     panels = wait_until(lambda: _leading(admin.get("/ui/overview/panels").text), timeout=10)
-    worker = re.search(r'<td class="mono">([^<]+)</td><td>default[^<]*</td><td class="num">\d+</td>'
-                       r'<td class="num">(\d+)</td>', panels)
+    worker = re.search(r'<td class="mono">([^<]+)</td><td>default[^<]*</td><td class="num">'
+                       r'<a [^>]+>\d+</a></td><td class="num">(\d+)</td>', panels)
     assert worker is not None, panels
     assert scalar(sql, "SELECT concurrency FROM notifyq.worker WHERE id = %s",
                   (worker[1],)) == int(worker[2])
