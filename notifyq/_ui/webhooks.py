@@ -1,11 +1,16 @@
 """Webhooks: endpoints with their health (success rate over the last day, last attempt, last
 failure, why disabled), their deliveries; messages with every attempt (status code, duration,
-error kind, response excerpt); and the actions resend, enable / disable and rotate secret (the
-new secret is shown once, on the answer to the rotation, and never again)."""
+error kind, response excerpt); and the actions resend, enable / disable and rotate secret.
+
+A rotation answers with a redirect (reloading the page does not rotate again); the new secret
+waits in this process's memory, keyed by the session's CSRF token and the endpoint, for
+``REVEAL_S`` and is removed when the endpoint's page shows it: shown once, never in a URL,
+a log or the database in clear."""
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
@@ -15,14 +20,30 @@ from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
 from notifyq._errors import ConfigError, InvalidEndpoint, WebhookNotFound
-from notifyq._ui.session import Viewer
 from notifyq._ui.web import Problem, Signed, Ui, redirect
 from notifyq._webhooks.routes import MESSAGE_ID
 from notifyq._webhooks.service import Webhooks
 
 PAGE = 50
 DONE = {"disable": "Endpoint disabled", "enable": "Endpoint enabled",
-        "resend": "Resent"}
+        "resend": "Resent", "rotate": "Secret rotated"}
+REVEAL_S = 60.0
+"""How long a rotated secret waits for its one showing (the redirect takes milliseconds)."""
+
+
+class Reveals:
+    """New secrets waiting to be shown once to the session that asked for them."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[tuple[str, UUID], tuple[float, str]] = {}
+
+    def hold(self, csrf: str, endpoint_id: UUID, secret: str, now: float) -> None:
+        self._waiting = {k: v for k, v in self._waiting.items() if v[0] > now}
+        self._waiting[(csrf, endpoint_id)] = (now + REVEAL_S, secret)
+
+    def take(self, csrf: str, endpoint_id: UUID, now: float) -> str | None:
+        expires, secret = self._waiting.pop((csrf, endpoint_id), (0.0, None))
+        return secret if expires > now else None
 
 
 def _endpoint_id(text: str) -> UUID:
@@ -40,6 +61,7 @@ def _message_id(text: str) -> str:
 
 
 def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
+    reveals = Reveals()
 
     def service() -> Webhooks:
         if app._webhooks is None:
@@ -59,10 +81,7 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
 
     @router.get("/webhooks/endpoints/{id}", response_class=HTMLResponse)
     async def endpoint(request: Request, id: str, viewer: Signed) -> Response:
-        return await _endpoint_page(request, viewer, _endpoint_id(id))
-
-    async def _endpoint_page(request: Request, viewer: Viewer | None, endpoint_id: UUID, *,
-                             secret: str | None = None) -> Response:
+        endpoint_id = _endpoint_id(id)
         hooks = service()
         try:
             found = await hooks.get_endpoint(endpoint_id)
@@ -73,6 +92,7 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
             endpoint_id=endpoint_id, before=_message_id(before) if before else None,
             limit=PAGE)
         health = next(iter(await hooks.health(endpoint_ids=[endpoint_id])), None)
+        secret = reveals.take(viewer.csrf, endpoint_id, time.monotonic())
         return ui.page(request, viewer, "webhook_endpoint.html", endpoint=found,
                        health=health, deliveries=deliveries, secret=secret,
                        next_cursor=deliveries[-1]["id"] if len(deliveries) == PAGE else None,
@@ -81,7 +101,7 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
     @router.post("/webhooks/endpoints/{id}/{action}", response_class=HTMLResponse)
     async def endpoint_action(request: Request, id: str, action: str) -> Response:
         await ui.form(request)
-        hooks, endpoint_id = service(), _endpoint_id(id)
+        viewer, hooks, endpoint_id = ui.viewer(request), service(), _endpoint_id(id)
         try:
             if action == "disable":
                 await hooks.disable_endpoint(endpoint_id, "disabled in the dashboard")
@@ -89,9 +109,8 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
                 await hooks.enable_endpoint(endpoint_id)
             elif action == "rotate":
                 rotated = await hooks.rotate_secret(endpoint_id)
-                # Shown on this answer only (never stored for the page, never in a URL).
-                return await _endpoint_page(request, ui.viewer(request), endpoint_id,
-                                            secret=rotated.secret)
+                assert rotated.secret is not None  # noqa: S101 - a rotation returns it
+                reveals.hold(viewer.csrf, endpoint_id, rotated.secret, time.monotonic())
             else:
                 raise Problem(404, "Not found", f"no action {action!r}")
         except WebhookNotFound:

@@ -301,11 +301,14 @@ def test_webhook_pages_show_health_and_act(served: Served, sql: Conn, admin: Das
     assert disabled.status_code == 303
     assert "disabled" in admin.get(disabled.headers["location"]).text
     rotated = admin.post(f"/ui/webhooks/endpoints/{endpoint['id']}/rotate")
-    assert rotated.status_code == 200
-    secret = re.search(r'id="new-secret">(whsec_[^<]+)<', rotated.text)
+    assert rotated.status_code == 303
+    assert reader.get(rotated.headers["location"]).text.count("whsec_") == 0  # not theirs
+    shown = admin.get(rotated.headers["location"])
+    secret = re.search(r'id="new-secret">(whsec_[^<]+)<', shown.text)
     assert secret is not None
-    assert rotated.headers["cache-control"] == "no-store"
-    assert secret[1] not in admin.get(f"/ui/webhooks/endpoints/{endpoint['id']}").text
+    assert shown.headers["cache-control"] == "no-store"
+    assert secret[1] not in admin.get(rotated.headers["location"]).text
+    assert secret[1] not in (served.log_path.read_text())
     assert reader.post(f"/ui/webhooks/endpoints/{endpoint['id']}/enable").status_code == 403
 
 
