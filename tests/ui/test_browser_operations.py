@@ -54,3 +54,29 @@ def test_a_rotated_secret_is_shown_once_and_a_reload_does_not_rotate_again(
     assert shown not in page.content()
     assert page.locator("#secret-gone").is_visible()
     assert _secrets(sql, endpoint["id"]) == 2  # the reload rotated nothing
+
+
+def test_at_phone_width_the_runs_filter_folds_and_the_first_run_is_on_the_first_screen(
+        browser: Any, served: Served, screenshots: Path) -> None:
+    with served.client() as http:
+        http.post("/v1/jobs", json={"job_type": "ui.flaky"})
+    page = browser.new_context(base_url=served.url, viewport={"width": 390, "height": 844},
+                               color_scheme="light").new_page()
+    _sign_in(page)
+    page.goto("/ui/runs")
+    first = page.locator("tbody#rows tr").first
+    first.wait_for()
+    box = first.bounding_box()
+    assert box is not None
+    assert box["y"] + box["height"] <= 844, box  # without scrolling
+    assert not page.get_by_label("Type").is_visible()  # folded
+    _shot(page, screenshots, "runs-phone")
+    page.get_by_text("Filters", exact=True).click()
+    page.get_by_label("Type").fill("ui.flaky")
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url("**/ui/runs?*type=ui.flaky*")
+    assert page.locator("tbody#rows tr").count() == 1
+    wide = _page(browser, served)
+    _sign_in(wide)
+    wide.goto("/ui/runs")
+    assert wide.get_by_label("Type").is_visible()  # wider screens keep the form open
