@@ -1,5 +1,6 @@
 """The overview: per pool what is runnable, scheduled, running, waiting and failed in the last
-hour, the oldest runnable run's age, whether it is paused (with pause/resume for admins),
+hour, the oldest runnable run's age, whether it is paused, why and since when (with pause,
+after a confirmation, and resume for admins; idle pools are listed too),
 workers and leaders; charts of the last hour per minute. The panels refresh every few seconds
 (htmx), the charts from their JSON (uPlot)."""
 
@@ -12,7 +13,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from notifyq._app import App
 from notifyq._limits import POOL
-from notifyq._ui.web import SECURITY_HEADERS, Problem, Signed, Ui, redirect
+from notifyq._pause import MAX_REASON
+from notifyq._ui.web import SECURITY_HEADERS, Confirm, Problem, Signed, Ui, redirect
 
 REFRESH_S = 2
 
@@ -49,11 +51,19 @@ def add_overview_pages(router: APIRouter, app: App, ui: Ui) -> None:
 
     @router.post("/pools/{pool}/{action}")
     async def pause_or_resume(request: Request, pool: str, action: str) -> Response:
-        await ui.form(request)  # admin, Origin, CSRF
+        form = await ui.form(request)  # admin, Origin, CSRF
         if not POOL.fullmatch(pool):
             raise Problem(422, "Not a pool name", f"{pool!r} must match {POOL.pattern}")
+        if action == "pause" and form.get("confirm") != "yes":
+            return ui.confirm(request, Confirm(
+                f"Pause pool {pool}?",
+                ("Workers stop claiming its runs at their next claim; runs already running "
+                 "finish. Its pending runs wait until it is resumed.",),
+                f"/pools/{pool}/pause", f"Pause {pool}", "/",
+                reason="paused from the dashboard"))
         if action == "pause":
-            await app.pause(pool=pool, reason="paused from the dashboard")
+            reason = form.get("reason", "").strip() or "paused from the dashboard"
+            await app.pause(pool=pool, reason=reason[:MAX_REASON])
         elif action == "resume":
             await app.resume(pool=pool)
         else:

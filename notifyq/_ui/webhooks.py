@@ -20,7 +20,8 @@ from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
 from notifyq._errors import ConfigError, InvalidEndpoint, WebhookNotFound
-from notifyq._ui.web import Problem, Signed, Ui, redirect
+from notifyq._ui.web import Confirm, Problem, Signed, Ui, redirect
+from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.routes import MESSAGE_ID
 from notifyq._webhooks.service import Webhooks
 
@@ -83,10 +84,7 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
     async def endpoint(request: Request, id: str, viewer: Signed) -> Response:
         endpoint_id = _endpoint_id(id)
         hooks = service()
-        try:
-            found = await hooks.get_endpoint(endpoint_id)
-        except WebhookNotFound:
-            raise Problem(404, "No such endpoint", f"there is no endpoint {endpoint_id}") from None
+        found = await _endpoint(hooks, endpoint_id)
         before = request.query_params.get("cursor")
         deliveries = await hooks.list_messages(
             endpoint_id=endpoint_id, before=_message_id(before) if before else None,
@@ -100,8 +98,10 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
 
     @router.post("/webhooks/endpoints/{id}/{action}", response_class=HTMLResponse)
     async def endpoint_action(request: Request, id: str, action: str) -> Response:
-        await ui.form(request)
+        form = await ui.form(request)
         viewer, hooks, endpoint_id = ui.viewer(request), service(), _endpoint_id(id)
+        if action == "disable" and form.get("confirm") != "yes":
+            return ui.confirm(request, _disable_question(await _endpoint(hooks, endpoint_id)))
         try:
             if action == "disable":
                 await hooks.disable_endpoint(endpoint_id, "disabled in the dashboard")
@@ -155,6 +155,23 @@ def _add_message_pages(router: APIRouter, ui: Ui, service: Callable[[], Webhooks
             raise Problem(404, "Nothing to resend", str(exc)) from None
         return redirect(request, f"/webhooks/messages/{message_id}", done="resend",
                         changed=str(len(rows)))
+
+
+async def _endpoint(hooks: Webhooks, endpoint_id: UUID) -> Endpoint:
+    try:
+        return await hooks.get_endpoint(endpoint_id)
+    except WebhookNotFound:
+        raise Problem(404, "No such endpoint", f"there is no endpoint {endpoint_id}") from None
+
+
+def _disable_question(endpoint: Endpoint) -> Confirm:
+    path = f"/webhooks/endpoints/{endpoint.id}"
+    return Confirm(f"Disable {endpoint.url}?", (
+        "Its pending deliveries are canceled, with their runs, and no message is sent to it "
+        "until it is enabled again.",
+        "Enabling it later does not bring the canceled deliveries back: resend them from "
+        "their messages."), f"{path}/disable",
+        "Disable and cancel pending deliveries", path)
 
 
 def _done(request: Request) -> dict[str, Any] | None:

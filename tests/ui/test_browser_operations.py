@@ -80,3 +80,45 @@ def test_at_phone_width_the_runs_filter_folds_and_the_first_run_is_on_the_first_
     _sign_in(wide)
     wide.goto("/ui/runs")
     assert wide.get_by_label("Type").is_visible()  # wider screens keep the form open
+
+
+def test_an_idle_pool_is_paused_after_a_confirmation_that_keeps_its_reason(
+        browser: Any, served: Served, sql: Conn, screenshots: Path) -> None:
+    page = _page(browser, served)
+    _sign_in(page)
+    row = page.locator("#panels tbody tr", has=page.get_by_role("rowheader", name="webhooks"))
+    row.wait_for()  # registered by the worker, no run in it: listed all the same
+    assert row.locator("td.num").all_inner_texts()[:2] == ["0", "—"]
+    row.get_by_role("button", name="Pause").click()
+    page.locator("#confirm h1", has_text="Pause pool webhooks?").wait_for()
+    assert scalar(sql, "SELECT count(*) FROM notifyq.pause") == 0  # nothing before the answer
+    page.get_by_label("Reason").fill("receiver deploy")
+    _shot(page, screenshots, "pool-pause-confirm")
+    page.get_by_role("button", name="Pause webhooks").click()
+    page.wait_for_url("**/ui/")
+    state = row.locator("td.pool-state")
+    assert "paused" in state.inner_text()
+    assert "receiver deploy" in state.inner_text()
+    assert state.locator("time").get_attribute("title").endswith("UTC")  # since when
+    assert scalar(sql, "SELECT reason FROM notifyq.pause WHERE kind = 'pool' AND name = %s",
+                  ("webhooks",)) == "receiver deploy"
+    _shot(page, screenshots, "overview-paused")
+
+
+def test_disabling_an_endpoint_asks_first_and_says_pending_deliveries_are_canceled(
+        browser: Any, served: Served, sql: Conn) -> None:
+    with served.client() as http:
+        endpoint = http.post("/v1/webhooks/endpoints", json={
+            "url": "http://127.0.0.1:9/hook"}).json()
+    page = _page(browser, served)
+    _sign_in(page)
+    page.goto(f"/ui/webhooks/endpoints/{endpoint['id']}")
+    page.get_by_role("button", name="Disable").click()
+    assert "pending deliveries are canceled" in page.locator("#confirm").inner_text()
+    assert scalar(sql, "SELECT disabled_at FROM notifyq.webhook_endpoint") is None
+    page.get_by_role("link", name="Go back").click()
+    page.wait_for_url(f"**/ui/webhooks/endpoints/{endpoint['id']}")
+    page.get_by_role("button", name="Disable").click()
+    page.get_by_role("button", name="Disable and cancel pending deliveries").click()
+    page.wait_for_url("**?done=disable")
+    assert scalar(sql, "SELECT disabled_at FROM notifyq.webhook_endpoint") is not None
