@@ -1,6 +1,9 @@
 """Webhooks: endpoints with their health (success rate over the last day, last attempt, last
 failure, why disabled), their deliveries; messages with every attempt (status code, duration,
-error kind, response excerpt); and the actions resend, enable / disable and rotate secret.
+error kind, response excerpt), pending ones with their next attempt and whether the circuit
+holds them; messages filtered by event type and endpoint, their failed and retrying deliveries
+counted; and the actions resend, resend every failed delivery of an endpoint since a time,
+enable / disable (after a confirmation) and rotate secret.
 
 A rotation answers with a redirect (reloading the page does not rotate again); the new secret
 waits in this process's memory, keyed by the session's CSRF token and the endpoint, for
@@ -12,6 +15,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -20,14 +24,16 @@ from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
 from notifyq._errors import ConfigError, InvalidEndpoint, WebhookNotFound
-from notifyq._ui.web import Confirm, Problem, Signed, Ui, redirect
+from notifyq._ui.web import Confirm, Problem, Signed, Ui, query, redirect, utc_time
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.routes import MESSAGE_ID
 from notifyq._webhooks.service import Webhooks
 
 PAGE = 50
 DONE = {"disable": "Endpoint disabled", "enable": "Endpoint enabled",
-        "resend": "Resent", "rotate": "Secret rotated"}
+        "resend": "Resent", "rotate": "Secret rotated", "recover": "Failed deliveries resent"}
+RECOVER_SINCE = timedelta(days=1)
+"""What "Resend failed" offers to go back by, to begin with."""
 REVEAL_S = 60.0
 """How long a rotated secret waits for its one showing (the redirect takes milliseconds)."""
 
@@ -94,7 +100,8 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
         return ui.page(request, viewer, "webhook_endpoint.html", endpoint=found,
                        health=health, deliveries=deliveries, secret=secret,
                        next_cursor=deliveries[-1]["id"] if len(deliveries) == PAGE else None,
-                       done=_done(request))
+                       done=_done(request), recover_since=(datetime.now(UTC) - RECOVER_SINCE)
+                       .strftime("%Y-%m-%dT%H:%M"))
 
     @router.post("/webhooks/endpoints/{id}/{action}", response_class=HTMLResponse)
     async def endpoint_action(request: Request, id: str, action: str) -> Response:
@@ -107,6 +114,11 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
                 await hooks.disable_endpoint(endpoint_id, "disabled in the dashboard")
             elif action == "enable":
                 await hooks.enable_endpoint(endpoint_id)
+            elif action == "recover":
+                since = _since(form)
+                recovered = await hooks.recover(endpoint_id, since)
+                return redirect(request, f"/webhooks/endpoints/{endpoint_id}", done=action,
+                                changed=str(len(recovered)))
             elif action == "rotate":
                 rotated = await hooks.rotate_secret(endpoint_id)
                 assert rotated.secret is not None  # noqa: S101 - a rotation returns it
@@ -126,10 +138,15 @@ def _add_message_pages(router: APIRouter, ui: Ui, service: Callable[[], Webhooks
 
     @router.get("/webhooks/messages", response_class=HTMLResponse)
     async def messages(request: Request, viewer: Signed) -> Response:
+        hooks = service()
+        filters = query(request.query_params, "type", "endpoint")
         before = request.query_params.get("cursor")
-        items = await service().list_messages(before=_message_id(before) if before else None,
-                                              limit=PAGE)
+        items = await hooks.list_messages(
+            before=_message_id(before) if before else None, limit=PAGE,
+            event_type=filters.get("type"),
+            to_endpoint=_endpoint_id(filters["endpoint"]) if "endpoint" in filters else None)
         return ui.page(request, viewer, "webhook_messages.html", messages=items,
+                       filters=filters, endpoints=await hooks.list_endpoints(limit=1000),
                        next_cursor=items[-1]["id"] if len(items) == PAGE else None)
 
     @router.get("/webhooks/messages/{id}", response_class=HTMLResponse)
@@ -172,6 +189,17 @@ def _disable_question(endpoint: Endpoint) -> Confirm:
         "Enabling it later does not bring the canceled deliveries back: resend them from "
         "their messages."), f"{path}/disable",
         "Disable and cancel pending deliveries", path)
+
+
+def _since(form: dict[str, str]) -> datetime:
+    try:
+        since = utc_time(form, "since")
+    except ValueError as exc:
+        raise Problem(422, "Not a time", str(exc)) from None
+    if since is None:
+        raise Problem(422, "Since when?", "since: give the time from which failed deliveries "
+                      "are resent (UTC)")
+    return since
 
 
 def _done(request: Request) -> dict[str, Any] | None:
