@@ -13,8 +13,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from notifyq._app import App
 from notifyq._limits import POOL
-from notifyq._pause import MAX_REASON
-from notifyq._ui.web import SECURITY_HEADERS, Confirm, Problem, Signed, Ui, redirect
+from notifyq._ui.web import SECURITY_HEADERS, Problem, Signed, Ui, redirect
 
 REFRESH_S = 2
 
@@ -55,15 +54,13 @@ def add_overview_pages(router: APIRouter, app: App, ui: Ui) -> None:
         if not POOL.fullmatch(pool):
             raise Problem(422, "Not a pool name", f"{pool!r} must match {POOL.pattern}")
         if action == "pause" and form.get("confirm") != "yes":
-            return ui.confirm(request, Confirm(
-                f"Pause pool {pool}?",
-                ("Workers stop claiming its runs at their next claim; runs already running "
-                 "finish. Its pending runs wait until it is resumed.",),
-                f"/pools/{pool}/pause", f"Pause {pool}", "/",
-                reason="paused from the dashboard"))
+            return ui.page(
+                request, ui.viewer(request), "confirm.html", question=f"Pause pool {pool}?",
+                consequence="Workers stop claiming its runs at their next claim; runs already "
+                "running finish. Its pending runs wait until it is resumed.",
+                button=f"Pause {pool}", fields={}, action=f"/pools/{pool}/pause", back="/")
         if action == "pause":
-            reason = form.get("reason", "").strip() or "paused from the dashboard"
-            await app.pause(pool=pool, reason=reason[:MAX_REASON])
+            await app.pause(pool=pool, reason="paused from the dashboard")
         elif action == "resume":
             await app.resume(pool=pool)
         else:

@@ -56,20 +56,6 @@ class SignInNeeded(Exception):
     pass
 
 
-@dataclass(frozen=True)
-class Confirm:
-    """What a confirmation page asks (``question``, the consequences in ``lines``) and the
-    form it sends to ``action`` (a dashboard path) with ``confirm=yes``, and a ``reason``
-    field when that is not None."""
-
-    question: str
-    lines: tuple[str, ...]
-    action: str
-    button: str
-    back: str
-    reason: str | None = None
-
-
 @dataclass
 class Ui:
     """The dashboard's shared parts, handed to every group of pages."""
@@ -108,10 +94,6 @@ class Ui:
             base=base_of(request), viewer=viewer, version=self.version,
             path=request.url.path, query=request.query_params, **context)
         return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
-
-    def confirm(self, request: Request, confirm: Confirm) -> HTMLResponse:
-        """The page that asks before a POST without ``confirm=yes`` is carried out."""
-        return self.page(request, self.viewer(request), "confirm.html", confirm=confirm)
 
     def problem(self, request: Request, problem: Problem) -> HTMLResponse:
         viewer = self.sessions.open(request.cookies.get(COOKIE), time.time())

@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
 from notifyq._errors import ConfigError, InvalidEndpoint, WebhookNotFound
-from notifyq._ui.web import Confirm, Problem, Signed, Ui, query, redirect, utc_time
+from notifyq._ui.web import Problem, Signed, Ui, query, redirect, utc_time
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.routes import MESSAGE_ID
 from notifyq._webhooks.service import Webhooks
@@ -108,7 +108,14 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
         form = await ui.form(request)
         viewer, hooks, endpoint_id = ui.viewer(request), service(), _endpoint_id(id)
         if action == "disable" and form.get("confirm") != "yes":
-            return ui.confirm(request, _disable_question(await _endpoint(hooks, endpoint_id)))
+            found, path = await _endpoint(hooks, endpoint_id), f"/webhooks/endpoints/{endpoint_id}"
+            return ui.page(
+                request, viewer, "confirm.html", question=f"Disable {found.url}?",
+                consequence="Its pending deliveries are canceled, with their runs, and no "
+                "message is sent to it until it is enabled again (enabling does not bring the "
+                "canceled deliveries back: resend them from their messages).",
+                button="Disable and cancel pending deliveries", fields={},
+                action=f"{path}/disable", back=path)
         try:
             if action == "disable":
                 await hooks.disable_endpoint(endpoint_id, "disabled in the dashboard")
@@ -179,16 +186,6 @@ async def _endpoint(hooks: Webhooks, endpoint_id: UUID) -> Endpoint:
         return await hooks.get_endpoint(endpoint_id)
     except WebhookNotFound:
         raise Problem(404, "No such endpoint", f"there is no endpoint {endpoint_id}") from None
-
-
-def _disable_question(endpoint: Endpoint) -> Confirm:
-    path = f"/webhooks/endpoints/{endpoint.id}"
-    return Confirm(f"Disable {endpoint.url}?", (
-        "Its pending deliveries are canceled, with their runs, and no message is sent to it "
-        "until it is enabled again.",
-        "Enabling it later does not bring the canceled deliveries back: resend them from "
-        "their messages."), f"{path}/disable",
-        "Disable and cancel pending deliveries", path)
 
 
 def _since(form: dict[str, str]) -> datetime:
