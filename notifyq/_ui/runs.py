@@ -6,6 +6,7 @@ and the actions cancel, retry and send a signal."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -16,15 +17,7 @@ from notifyq._app import App
 from notifyq._control import BULK_MAX, COUNT_CAP, BulkAction, RunFilter
 from notifyq._errors import InvalidEnqueue, InvalidTransition, RunNotFound
 from notifyq._run import RUN_STATUSES
-from notifyq._ui.web import (
-    Problem,
-    Signed,
-    Ui,
-    query,
-    read_form_lists,
-    redirect,
-    utc_time,
-)
+from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirect
 
 PAGE = 50
 FILTERS = ("status", "type", "pool", "tag", "tenant", "scope", "scope_id", "from", "to", "q")
@@ -38,10 +31,22 @@ def run_filter(params: dict[str, str]) -> RunFilter:
             status=params.get("status"), job_type=params.get("type"), pool=params.get("pool"),
             tag=params.get("tag"), tenant_id=params.get("tenant"),
             scope_entity_type=params.get("scope"), scope_entity_id=params.get("scope_id"),
-            created_after=utc_time(params, "from"), created_before=utc_time(params, "to"),
+            created_after=_time(params, "from"), created_before=_time(params, "to"),
             id_prefix=params.get("q"))
     except ValueError as exc:
         raise Problem(422, "Invalid filter", str(exc)) from None
+
+
+def _time(params: dict[str, str], name: str) -> datetime | None:
+    text = params.get(name)
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{name}: {text!r} is not a date and time "
+                         "(e.g. 2026-12-01T09:30)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def run_id(text: str) -> UUID:
