@@ -491,17 +491,19 @@ class RunControl:
 
     async def overview(self, conn: AsyncConn) -> list[dict[str, Any]]:
         """Per pool: runnable, scheduled, running, waiting, failed in the last hour, the
-        oldest runnable run's age in seconds, and whether it is paused (a paused pool is
-        listed even without live runs, so it can be resumed from the list)."""
-        rows = await self._read(conn, self._q.job_run_pool_overview,
-                                {"now": self._clock.db_now()})
-        paused = {p.name for p in await PauseControl(self._q, self._clock).list(conn)
+        oldest runnable run's age in seconds, and whether it is paused (``pause``: why and
+        since when). Idle pools are listed too (those of registered job types, of live
+        workers, and paused ones), so a pool can be paused before it has a backlog."""
+        now = {"now": self._clock.db_now()}
+        rows = await self._read(conn, self._q.job_run_pool_overview, now)
+        pauses = {p.name: p for p in await PauseControl(self._q, self._clock).list(conn)
                   if p.kind == "pool"}
+        known = {r["pool"] for r in await self._read(conn, self._q.job_pool_list, now)}
         idle = [{"pool": name, "runnable": 0, "scheduled": 0, "running": 0, "waiting": 0,
                  "failed_last_hour": 0, "oldest_runnable_age_s": 0.0}
-                for name in paused - {r["pool"] for r in rows}]
-        return sorted(({**r, "paused": r["pool"] in paused} for r in rows + idle),
-                      key=lambda r: r["pool"])
+                for name in (known | set(pauses)) - {r["pool"] for r in rows}]
+        return sorted(({**r, "paused": r["pool"] in pauses, "pause": pauses.get(r["pool"])}
+                       for r in rows + idle), key=lambda r: r["pool"])
 
     async def series(self, conn: AsyncConn, minutes: int = 60) -> list[dict[str, Any]]:
         """Per minute of the last ``minutes``, oldest first: completed, failed, and the p50

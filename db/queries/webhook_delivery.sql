@@ -1,8 +1,22 @@
 -- Named queries of webhook deliveries: one per (message, endpoint), its latest state and run.
 
+-- fragment: webhook_delivery_next
+-- For a pending delivery `d` to endpoint `e`: when its next attempt is due (its run's run_at,
+-- NULL once the run has started) and, while the endpoint's circuit is open, until when the
+-- delivery is held (parked, see webhook_delivery_park).
+SELECT r.run_at AS next_attempt_at,
+       CASE WHEN e.disabled_at IS NULL
+                 AND e.circuit_open_until > coalesce(%(now)s::timestamptz, now())
+            THEN e.circuit_open_until END AS held_until
+FROM {schema}.job_run r
+WHERE d.status = 'pending' AND r.id = d.run_id AND r.status = 'pending'
+
 -- name: webhook_delivery_list
-SELECT d.*, e.url FROM {schema}.webhook_delivery d
+-- A message's deliveries. A pending one has its next attempt (its run's run_at) and, while its
+-- endpoint's circuit is open, `held_until` (the fragment webhook_delivery_next).
+SELECT d.*, e.url, x.next_attempt_at, x.held_until FROM {schema}.webhook_delivery d
 JOIN {schema}.webhook_endpoint e ON e.id = d.endpoint_id
+LEFT JOIN LATERAL ({webhook_delivery_next}) x ON true
 WHERE d.message_id = %(message_id)s
 ORDER BY d.endpoint_id
 
@@ -109,9 +123,12 @@ RETURNING d.message_id, d.run_id
 -- One endpoint's deliveries, newest message first, keyset-paged with `before` (a message id);
 -- walks webhook_delivery_endpoint_message_idx (0008) instead of every delivery of the endpoint.
 SELECT d.message_id AS id, m.event_type, m.created_at, octet_length(m.body) AS size,
-       d.status, d.attempts, d.last_status_code, d.last_error, d.last_attempt_at
+       d.status, d.attempts, d.last_status_code, d.last_error, d.last_attempt_at,
+       x.next_attempt_at, x.held_until
 FROM {schema}.webhook_delivery d
 JOIN {schema}.webhook_message m ON m.id = d.message_id
+JOIN {schema}.webhook_endpoint e ON e.id = d.endpoint_id
+LEFT JOIN LATERAL ({webhook_delivery_next}) x ON true
 WHERE d.endpoint_id = %(endpoint_id)s
   AND (%(before)s::text IS NULL OR d.message_id < %(before)s::text)
 ORDER BY d.message_id DESC

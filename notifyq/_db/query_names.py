@@ -24,6 +24,7 @@ class QueryNames:
     # db/queries/job.sql
     job_upsert: LiteralString
     job_list: LiteralString
+    job_pool_list: LiteralString
 
     # db/queries/job_run.sql
     job_run_enqueue: LiteralString

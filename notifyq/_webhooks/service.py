@@ -465,8 +465,8 @@ class Webhooks:
             found = await self._all(c, q.webhook_message_get, {"id": message_id}, message_row)
             if not found:
                 raise WebhookNotFound(f"no webhook message {message_id}")
-            deliveries = await self._all(c, q.webhook_delivery_list, {"message_id": message_id},
-                                         delivery_row)
+            deliveries = await self._all(c, q.webhook_delivery_list, {
+                "message_id": message_id, "now": self._now()}, delivery_row)
         return {**found[0], "deliveries": [{**d, "max_attempts": self.max_attempts}
                                            for d in deliveries]}
 
@@ -483,18 +483,24 @@ class Webhooks:
 
     async def list_messages(self, *, endpoint_id: UUID | str | None = None,
                             before: str | None = None, limit: int = 50,
-                            tenant_ids: list[str] | None = None,
+                            tenant_ids: list[str] | None = None, event_type: str | None = None,
+                            to_endpoint: UUID | str | None = None,
                             conn: AnyConn | None = None) -> list[dict[str, Any]]:
-        """Messages, newest first (``before``: the last id of the previous page); with
-        ``endpoint_id``, that endpoint's deliveries with their state. ``tenant_ids``: only
-        messages sent to an endpoint of those tenants (without ``endpoint_id``)."""
+        """Messages, newest first (``before``: the last id of the previous page), with their
+        deliveries counted (``failed``, and ``retrying``: pending after a failed attempt); with
+        ``endpoint_id``, that endpoint's deliveries with their state and next attempt instead.
+        Without ``endpoint_id``: ``tenant_ids``, only messages sent to an endpoint of those
+        tenants; ``event_type``, of that type; ``to_endpoint``, with a delivery to it."""
         q = self._rt.queries
         async with self._conn(conn) as c:
             if endpoint_id is None:
                 return await self._all(c, q.webhook_message_list, {
-                    "before": before, "limit": limit, "tenant_ids": tenant_ids}, dict_row)
+                    "before": before, "limit": limit, "tenant_ids": tenant_ids,
+                    "event_type": event_type,
+                    "to_endpoint": to_endpoint and _uuid(to_endpoint)}, dict_row)
             return await self._all(c, q.webhook_delivery_list_by_endpoint, {
-                "endpoint_id": _uuid(endpoint_id), "before": before, "limit": limit}, dict_row)
+                "endpoint_id": _uuid(endpoint_id), "before": before, "limit": limit,
+                "now": self._now()}, dict_row)
 
     async def health(self, *, endpoint_ids: list[UUID] | None = None,
                      window_s: float = HEALTH_WINDOW_S, limit: int = 1000,

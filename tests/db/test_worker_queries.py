@@ -6,7 +6,7 @@ from typing import Any
 
 from notifyq._db.queries import Queries
 from tests.db.conftest import T0
-from tests.db.helpers import Conn, seconds
+from tests.db.helpers import DEFINITION, Conn, seconds
 
 
 def _params(worker_id: str, now: Any, **over: Any) -> dict[str, Any]:
@@ -80,3 +80,13 @@ def test_the_completers_session_plans_its_statements_once(db: Conn, q: Queries) 
     assert db.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
                       "WHERE name = 'nq_t'").fetchone() == {"generic_plans": 3,
                                                             "custom_plans": 0}
+
+
+def test_job_pool_list_names_the_pools_of_job_types_and_of_live_workers(
+        db: Conn, q: Queries) -> None:
+    db.execute(q.job_upsert, {**DEFINITION, "type": "mail.send", "pool": "mail"})
+    db.execute(q.job_upsert, {**DEFINITION, "type": "mail.bulk", "pool": "mail"})
+    db.execute(q.worker_register, _params("a", T0, pools=["default", "sms"]))
+    db.execute(q.worker_register, _params("b", T0 - seconds(60), pools=["gone"]))
+    rows = db.execute(q.job_pool_list, {"now": T0}).fetchall()
+    assert [r["pool"] for r in rows] == ["default", "mail", "sms"]  # b's lease has run out
