@@ -1280,6 +1280,7 @@ CREATE TABLE notifyq.periodic_schedule (
     last_run_id uuid,
     registered_at timestamp with time zone DEFAULT now() NOT NULL,
     seen_at timestamp with time zone DEFAULT now() NOT NULL,
+    input jsonb,
     CONSTRAINT periodic_schedule_cron_has_tz CHECK (((cron IS NULL) = (tz IS NULL))),
     CONSTRAINT periodic_schedule_every_ms_check CHECK ((every_ms >= 100)),
     CONSTRAINT periodic_schedule_name_check CHECK (((length(name) >= 1) AND (length(name) <= 512))),

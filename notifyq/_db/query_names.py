@@ -148,6 +148,7 @@ class QueryNames:
     periodic_schedule_list: LiteralString
     periodic_schedule_pause: LiteralString
     periodic_schedule_resume: LiteralString
+    periodic_schedule_trigger: LiteralString
 
     # db/queries/rate_window.sql
     rate_window_list: LiteralString

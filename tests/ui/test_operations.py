@@ -211,6 +211,11 @@ def test_an_admin_replays_deletes_reschedules_pauses_a_type_and_a_schedule(
     report.get_by_role("button", name="Resume").click()
     page.locator("p.notice", has_text="Schedule resumed").wait_for()
     assert "active" in report.inner_text()
+    runs = scalar(sql, "SELECT count(*) FROM notifyq.job_run WHERE trigger_ref = 'ui.report'")
+    report.get_by_role("button", name="Trigger now").click()
+    page.locator("p.notice", has_text="Schedule triggered").wait_for()
+    assert scalar(sql, "SELECT count(*) FROM notifyq.job_run WHERE trigger_ref = "
+                       "'ui.report'") == runs + 1
 
 
 def test_a_read_only_session_sees_no_run_or_schedule_actions_and_cannot_post_them(
@@ -230,7 +235,7 @@ def test_a_read_only_session_sees_no_run_or_schedule_actions_and_cannot_post_the
         reader.sign_in(READER)
         for path in (f"/ui/runs/{done}/delete", f"/ui/runs/{done}/replay",
                      f"/ui/runs/{pending}/reschedule", f"/ui/runs/{done}/pause_type",
-                     "/ui/schedules/ui.report/pause"):
+                     "/ui/schedules/ui.report/pause", "/ui/schedules/ui.report/trigger"):
             answer = reader.post(path, {"confirm": "yes", "from_step": "x",
                                         "run_at": "2030-01-01T00:00"})
             assert answer.status_code == 403, (path, answer.status_code)
