@@ -172,7 +172,7 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
              f"{'enabled' if e.enabled else 'disabled'})")
         if not args.json:  # stdout is the id alone (ID=$(...)); --json has the secret
             _say(f"secret (shown once, store it now): {e.secret}")
-        _emit(args, e.to_json(), e.id)
+        _emit(args, e.to_json(), str(e.id))
         return 0
     return _run(args, go)
 
