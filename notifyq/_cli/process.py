@@ -19,7 +19,6 @@ from notifyq._console import (
     load_app,
     run_async,
 )
-from notifyq._version import VERSION
 
 
 def add_process_commands(sub: Any) -> None:
@@ -100,8 +99,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from notifyq._service import ServeOptions, serve
 
     app = load_app(args.app)
-    logging.getLogger("notifyq.serve").info("notifyq %s serve starting (pid %d)", VERSION,
-                                            os.getpid())
     with embedded.database_for(app) as server:
         # A generated admin token lives beside the embedded PostgreSQL's data directory.
         options = ServeOptions(host=args.host, port=args.port, worker=args.worker,
