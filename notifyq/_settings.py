@@ -330,8 +330,9 @@ class EmbeddedSettings(_Section):
     enabled: bool = True
     """Start one when database_url is unset. Defaults to True."""
     data_dir: str | None = None
-    """Where its data lives. Defaults to /var/lib/notifyq/pg as root, else the user data
-    directory (e.g. ~/.local/share/notifyq/pg)."""
+    """Where its data lives (``--data-dir`` of ``serve``, ``worker`` and ``migrate`` overrides
+    it; the other commands look for the running server here). Defaults to /var/lib/notifyq/pg
+    as root, else the user data directory (e.g. ~/.local/share/notifyq/pg)."""
 
 
 class WebhookSettings(_Section):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -157,9 +158,38 @@ def test_a_second_terminal_finds_the_embedded_postgres_that_serve_runs(data_dir:
     _no_server_says_what_to_export(data_dir)
 
 
+@needs_extra
+@pytest.mark.skipif(os.geteuid() != 0, reason="what notifyq says as root only")
+def test_as_root_the_data_directory_flag_is_used_and_named_before_it_is_created(
+        data_dir: Path) -> None:
+    existed = _user_exists("pgserver")
+    migrated = _second_terminal(data_dir.parent, "-m", "notifyq", "migrate",
+                                "--data-dir", str(data_dir))  # the env's data dir is another
+    assert migrated.returncode == 0, migrated.stderr
+    lines = migrated.stderr.splitlines()
+    user = "user pgserver" if existed else (
+        "a new login user pgserver (created now with useradd)")
+    said = [i for i, line in enumerate(lines) if "running as root: the embedded PostgreSQL "
+            f"runs as {user}, with a new data directory {data_dir}; choose another "
+            "directory with --data-dir (NOTIFYQ_EMBEDDED__DATA_DIR)" in line]
+    started = lines.index(f"notifyq: started embedded PostgreSQL in {data_dir}")
+    assert said, migrated.stderr
+    assert said[0] < started, migrated.stderr
+    assert (data_dir / "PG_VERSION").is_file()
+    wait_until(lambda: _gone(data_dir), timeout=20)
+
+
 def test_with_no_database_url_and_no_embedded_server_a_command_says_what_to_export(
         data_dir: Path) -> None:
     _no_server_says_what_to_export(data_dir)
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _no_server_says_what_to_export(data_dir: Path) -> None:
