@@ -170,10 +170,24 @@ class RunFilter:
     created_after: datetime | None = None
     created_before: datetime | None = None
     id_prefix: str | None = None
+    status_in: tuple[str, ...] | None = None
+    """Any of these statuses (``status`` is one)."""
+    due: Literal["now", "later"] | None = None
+    """Only runs whose ``run_at`` has come (``now``: pending ones are runnable) or not yet
+    (``later``: pending ones are scheduled)."""
+    finished_within_s: int | None = None
+    """Only runs finished in the last this many seconds."""
+    leased_by: str | None = None
+    """Only runs leased by this worker (its id): with ``status`` running, those it holds."""
 
     def __post_init__(self) -> None:
-        if self.status is not None:
-            RunStatus(self.status)  # ValueError names the bad status
+        for status in (self.status, *(self.status_in or ())):
+            if status is not None:
+                RunStatus(status)  # ValueError names the bad status
+        if self.due not in (None, "now", "later"):
+            raise ValueError(f"due must be now or later, got {self.due!r}")
+        if self.finished_within_s is not None and self.finished_within_s < 1:
+            raise ValueError(f"finished within must be positive, got {self.finished_within_s} s")
         if self.id_prefix is not None and not _HEX.fullmatch(self.hex_prefix):
             raise ValueError(f"id prefix {self.id_prefix!r} must be 1 to 32 hex digits "
                              "(dashes allowed)")
@@ -182,9 +196,10 @@ class RunFilter:
     def hex_prefix(self) -> str:
         return (self.id_prefix or "").replace("-", "").lower()
 
-    def params(self, before: UUID | None = None) -> dict[str, Any]:
+    def params(self, before: UUID | None = None, now: datetime | None = None) -> dict[str, Any]:
         """The query parameters: the filter's columns, ``min_id`` and ``before_id`` (the
-        tighter of ``before`` and the filter's upper bound)."""
+        tighter of ``before`` and the filter's upper bound), and ``now`` (None: the
+        database's clock) that ``due`` and ``finished_within_s`` count from."""
         low, high = [self.created_after and _id_at(self.created_after)], [
             before, self.created_before and _id_at(self.created_before)]
         if self.id_prefix is not None:
@@ -196,7 +211,8 @@ class RunFilter:
         highs = [u for u in high if u is not None]
         columns = {k: v for k, v in asdict(self).items()
                    if k not in ("created_after", "created_before", "id_prefix")}
-        return {**columns, "min_id": max(lows, default=None),
+        return {**columns, "status_in": list(self.status_in) if self.status_in else None,
+                "now": now, "min_id": max(lows, default=None),
                 "before_id": min(highs, default=None)}
 
 
@@ -288,12 +304,14 @@ class RunControl:
     async def list_filtered(self, conn: AsyncConn, where: RunFilter, *, limit: int = 50,
                             before: UUID | None = None) -> list[Run]:
         return await self._runs(conn, self._q.job_run_list, {
-            **where.params(before), "limit": max(1, min(limit, MAX_PAGE))})
+            **where.params(before, self._clock.db_now()),
+            "limit": max(1, min(limit, MAX_PAGE))})
 
     async def count(self, conn: AsyncConn, where: RunFilter, action: BulkAction) -> int:
         """Runs matching ``where`` that ``action`` applies to, counted up to ``COUNT_CAP``."""
         cur = await conn.execute(self._q.job_run_count, {
-            **where.params(), "statuses": list(BULK_STATUSES[action]), "cap": COUNT_CAP})
+            **where.params(now=self._clock.db_now()), "statuses": list(BULK_STATUSES[action]),
+            "cap": COUNT_CAP})
         row = await cur.fetchone()
         return int(row["n"]) if row else 0
 
@@ -325,7 +343,8 @@ class RunControl:
         before = None
         while len(done) < cap:
             cur = await conn.execute(self._q.job_run_list_ids, {
-                **where.params(before), "statuses": list(BULK_STATUSES[action]),
+                **where.params(before, self._clock.db_now()),
+                "statuses": list(BULK_STATUSES[action]),
                 "limit": min(opts.batch_size, cap - len(done))})
             page = [r["id"] for r in await cur.fetchall()]
             if not page:
@@ -472,17 +491,19 @@ class RunControl:
 
     async def overview(self, conn: AsyncConn) -> list[dict[str, Any]]:
         """Per pool: runnable, scheduled, running, waiting, failed in the last hour, the
-        oldest runnable run's age in seconds, and whether it is paused (a paused pool is
-        listed even without live runs, so it can be resumed from the list)."""
-        rows = await self._read(conn, self._q.job_run_pool_overview,
-                                {"now": self._clock.db_now()})
-        paused = {p.name for p in await PauseControl(self._q, self._clock).list(conn)
+        oldest runnable run's age in seconds, and whether it is paused (``pause``: why and
+        since when). Idle pools are listed too (those of registered job types, of live
+        workers, and paused ones), so a pool can be paused before it has a backlog."""
+        now = {"now": self._clock.db_now()}
+        rows = await self._read(conn, self._q.job_run_pool_overview, now)
+        pauses = {p.name: p for p in await PauseControl(self._q, self._clock).list(conn)
                   if p.kind == "pool"}
+        known = {r["pool"] for r in await self._read(conn, self._q.job_pool_list, now)}
         idle = [{"pool": name, "runnable": 0, "scheduled": 0, "running": 0, "waiting": 0,
                  "failed_last_hour": 0, "oldest_runnable_age_s": 0.0}
-                for name in paused - {r["pool"] for r in rows}]
-        return sorted(({**r, "paused": r["pool"] in paused} for r in rows + idle),
-                      key=lambda r: r["pool"])
+                for name in (known | set(pauses)) - {r["pool"] for r in rows}]
+        return sorted(({**r, "paused": r["pool"] in pauses, "pause": pauses.get(r["pool"])}
+                       for r in rows + idle), key=lambda r: r["pool"])
 
     async def series(self, conn: AsyncConn, minutes: int = 60) -> list[dict[str, Any]]:
         """Per minute of the last ``minutes``, oldest first: completed, failed, and the p50

@@ -381,6 +381,11 @@ class WebhookSettings(_Section):
     disable_after_s: Seconds = 5 * 86_400.0
     """An endpoint failing continuously this long (no success) is disabled. Defaults to 5
     days."""
+    allow_unknown_event_types: bool = False
+    """Once the event-type catalog holds a type (``app.webhooks.define_event_type``), sends of
+    a type it does not hold and endpoints subscribing to one are refused; true lets them
+    through (payloads of cataloged types are still checked against their schema). An empty
+    catalog refuses nothing. Defaults to False."""
     secret_grace_s: Annotated[float, Field(ge=0)] = 86_400.0
     """After a secret rotation the old secret still signs this long. Defaults to 1 day."""
     max_connections: Annotated[int, Field(ge=1, le=10_000)] = 100

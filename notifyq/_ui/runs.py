@@ -14,21 +14,39 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
-from notifyq._control import BULK_MAX, COUNT_CAP, BulkAction, RunFilter
+from notifyq._control import BULK_MAX, COUNT_CAP, BulkAction, RunDetail, RunFilter
 from notifyq._errors import InvalidEnqueue, InvalidTransition, RunNotFound
+from notifyq._pause import Pause
 from notifyq._run import RUN_STATUSES
 from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirect
 
 PAGE = 50
-FILTERS = ("status", "type", "pool", "tag", "tenant", "scope", "scope_id", "from", "to", "q")
-DONE = {"cancel": "Canceled", "retry": "Put back in line", "signal": "Signal sent"}
+FILTERS = ("status", "type", "pool", "tag", "tenant", "scope", "scope_id", "from", "to", "q",
+           "due", "finished", "worker")
+FINISHED_WITHIN = {"1h": 3600, "24h": 24 * 3600, "7d": 7 * 24 * 3600}
+"""The ``finished`` filter's choices: finished in the last hour, day or week."""
+DONE = {"cancel": "Canceled", "retry": "Put back in line", "signal": "Signal sent",
+        "replay": "Replaying from the step", "delete": "Deleted", "reschedule": "Rescheduled",
+        "pause_type": "Job type paused", "resume_type": "Job type resumed"}
 
 
 def run_filter(params: dict[str, str]) -> RunFilter:
-    """The list's filter from its form fields (a Problem page, 422, naming a bad one)."""
+    """The list's filter from its form fields (a Problem page, 422, naming a bad one).
+    ``status`` may be several, comma-separated (the overview's "failed" counts timed-out runs
+    too)."""
+    statuses = tuple(params["status"].split(",")) if params.get("status") else ()
+    finished = params.get("finished")
+    if finished is not None and finished not in FINISHED_WITHIN:
+        raise Problem(422, "Invalid filter", f"finished: {finished!r} is not one of "
+                      f"{', '.join(FINISHED_WITHIN)}")
     try:
         return RunFilter(
-            status=params.get("status"), job_type=params.get("type"), pool=params.get("pool"),
+            status=statuses[0] if len(statuses) == 1 else None,
+            status_in=statuses if len(statuses) > 1 else None,
+            due=params.get("due"),  # type: ignore[arg-type]  # RunFilter checks it
+            finished_within_s=FINISHED_WITHIN[finished] if finished else None,
+            leased_by=params.get("worker"),
+            job_type=params.get("type"), pool=params.get("pool"),
             tag=params.get("tag"), tenant_id=params.get("tenant"),
             scope_entity_type=params.get("scope"), scope_entity_id=params.get("scope_id"),
             created_after=_time(params, "from"), created_before=_time(params, "to"),
@@ -96,7 +114,9 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
             raise Problem(404, "No such run", f"there is no run {id} (it may have been "
                           "purged after its retention)") from None
         return ui.page(request, viewer, "run.html", detail=found, run=found.run,
-                       done=_done(request), live=not found.run.status.terminal)
+                       done=_done(request), live=not found.run.status.terminal,
+                       waiting_step=_waiting_step(found),
+                       type_paused=await type_pause(app, found.run.job_type))
 
     @router.post("/runs/{id}/{action}")
     async def act(request: Request, id: str, action: str) -> Response:
@@ -153,6 +173,21 @@ def _add_bulk(router: APIRouter, app: App, ui: Ui) -> None:
         return redirect(request, "/runs", **query(form, *FILTERS), done=action,
                         changed=str(result.changed), requested=str(result.requested),
                         remaining=str(result.remaining))
+
+
+async def type_pause(app: App, job_type: str) -> Pause | None:
+    """The job type's pause, if it is paused (the run page offers to pause or resume it)."""
+    return next((p for p in await app.paused() if p.kind == "type" and p.name == job_type),
+                None)
+
+
+def _waiting_step(found: RunDetail) -> str | None:
+    """The step a waiting run waits in: its latest sleep or signal step, shown as sleeping or
+    waiting instead of the fact recorded for it (a sleep is recorded completed at once, a wait
+    for a signal running)."""
+    kind = {"sleep": "sleep", "signal": "signal"}.get(found.wait["kind"]) if found.wait else None
+    steps = [s["step_id"] for s in found.steps if s["kind"] == kind]
+    return steps[-1] if steps else None
 
 
 async def _signal(app: App, form: dict[str, str]) -> int:
