@@ -4,8 +4,10 @@ attempts, resend and recover. Text by default, JSON with ``--json``. A secret is
 ``add`` and ``rotate-secret``: the one time it is shown.
 
 Every command that changes something says what it did in one line. Those that create something
-(``endpoints add``, ``send``, ``resend``) print what scripts read on stdout (the id, the secret,
-the run ids) and that line on stderr; the others print it on stdout."""
+(``endpoints add``, ``send``, ``resend``) print what scripts read on stdout (the id, the run
+ids) and that line on stderr; the others print it on stdout. ``endpoints add`` shows the new
+secret on stderr too (``--json`` has it on stdout with the rest), so ``ID=$(...)`` captures the
+id alone."""
 
 from __future__ import annotations
 
@@ -73,7 +75,8 @@ def _add_endpoints(actions: Any, parser_class: Any) -> None:
                                                      "rotate-secret")
     ops = endpoints.add_subparsers(dest="op", required=True, parser_class=parser_class,
                                    metavar="add|list|enable|disable|rotate-secret")
-    add = ops.add_parser("add", help="create an endpoint; prints its id and secret (once)")
+    add = ops.add_parser("add", help="create an endpoint; prints its id (its secret, shown once, "
+                                "on stderr; both with --json)")
     add.add_argument("url", metavar="URL")
     add.add_argument("--description", default="")
     add.add_argument("--event-type", action="append", dest="event_types", metavar="TYPE",
@@ -178,7 +181,9 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
             tenant_id=args.tenant_id, conn=conn)
         _say(f"created endpoint {e.id} for {e.url} ({_types(e)}, "
              f"{'enabled' if e.enabled else 'disabled'})")
-        _emit(args, e.to_json(), f"{e.id}\nsecret (shown once, store it now): {e.secret}")
+        if not args.json:  # stdout is the id alone (ID=$(...)); --json has the secret
+            _say(f"secret (shown once, store it now): {e.secret}")
+        _emit(args, e.to_json(), str(e.id))
         return 0
     return _run(args, go)
 

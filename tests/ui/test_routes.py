@@ -463,3 +463,12 @@ def test_the_overview_pauses_and_resumes_a_pool_for_admins_only(served: Served, 
     assert admin.post("/ui/pools/default/resume").status_code == 303
     assert scalar(sql, "SELECT count(*) FROM notifyq.pause") == 0
     assert 'action="/ui/pools/default/pause"' in admin.get("/ui/overview/panels").text
+
+
+def test_the_footer_and_the_first_line_serve_logs_show_the_version(served: Served,
+                                                                   admin: Dashboard) -> None:
+    for path in ("/ui/", "/ui/runs", "/ui/keys"):
+        page = admin.get(path)
+        assert f'<span id="version">{notifyq.__version__}</span>' in page.text, path
+    first_line = served.log_path.read_text().splitlines()[0]
+    assert f"notifyq {notifyq.__version__} serve starting" in first_line
