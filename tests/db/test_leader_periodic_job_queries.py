@@ -83,7 +83,7 @@ def test_leader_resign_frees_the_role_only_for_its_holder(db: Conn, q: Queries) 
 def _register(db: Conn, q: Queries, name: str = "r.b@1000ms", **overrides: Any) -> None:
     db.execute(q.periodic_schedule_register, {
         "name": name, "job_type": "r.b", "every_ms": 1000, "cron": None, "tz": None,
-        "catch_up": False, **overrides})
+        "catch_up": False, "input": '{"k": 1}', **overrides})
 
 
 def _tick(db: Conn, q: Queries, tick_at: Any, name: str = "r.b@1000ms") -> list[dict[str, Any]]:
@@ -164,6 +164,27 @@ def test_periodic_schedule_register_updates_the_definition_but_keeps_the_state(
     row = _schedule(db, "daily")
     assert (row["cron"], row["tz"], row["catch_up"], row["paused_at"]) == (
         "0 9 * * MON-FRI", "Europe/Berlin", True, T0)
+
+
+def test_periodic_schedule_trigger_enqueues_now_with_the_stored_input_and_claims_no_tick(
+        db: Conn, q: Queries) -> None:
+    _register(db, q)
+    [run] = _tick(db, q, T0)
+    run_id = uuid4()
+    [row] = db.execute(q.periodic_schedule_trigger, {"name": "r.b@1000ms",
+                                                     "run_id": run_id}).fetchall()
+    assert (row["name"], row["known"], row["run_id"]) == ("r.b@1000ms", True, run_id)
+    triggered = db.execute("SELECT job_type, input, trigger_source, trigger_ref "
+                           "FROM notifyq.job_run WHERE id = %s", (run_id,)).fetchone()
+    assert triggered == {"job_type": "r.b", "input": {"k": 1}, "trigger_source": "schedule",
+                         "trigger_ref": "r.b@1000ms"}
+    assert (_schedule(db)["last_tick_at"], _schedule(db)["last_run_id"]) == (T0, run["id"])
+    assert db.execute(q.periodic_schedule_trigger, {"name": "nope",
+                                                    "run_id": uuid4()}).fetchall() == []
+    _register(db, q, "legacy", input=None)
+    [legacy] = db.execute(q.periodic_schedule_trigger, {"name": "legacy",
+                                                        "run_id": uuid4()}).fetchall()
+    assert (legacy["known"], legacy["run_id"]) == (False, None)
 
 
 def test_a_schedule_has_exactly_one_cadence(db: Conn, q: Queries) -> None:
