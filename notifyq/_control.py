@@ -146,6 +146,7 @@ COUNT_CAP = BULK_MAX
 """A count stops here: one confirmation changes at most this many anyway, and counting the
 rest of a broad filter would read the whole table."""
 _HEX = re.compile(r"^[0-9a-f]{1,32}$")
+_SUFFIX = re.compile(r"^[0-9a-f]{1,12}$")
 _NO_WAIT_DEADLINE = 2900  # durable waits without a deadline run_at 2999-12-31
 
 
@@ -153,7 +154,10 @@ _NO_WAIT_DEADLINE = 2900  # durable waits without a deadline run_at 2999-12-31
 class RunFilter:
     """Which runs a listing, a count or a bulk action is about. ``created_after`` /
     ``created_before`` and ``id_prefix`` (hex digits, dashes ignored) bound the id: run ids are
-    UUIDv7, so each is a range of the primary key."""
+    UUIDv7, so each is a range of the primary key. ``id_suffix`` (up to 12 hex digits) is how
+    the id ends: its random part, what tells apart the runs of one millisecond (the dashboard's
+    short id). It is checked on each run of the id range: give a time range or a prefix with
+    it on a large table."""
 
     status: str | None = None
     job_type: str | None = None
@@ -170,6 +174,7 @@ class RunFilter:
     created_after: datetime | None = None
     created_before: datetime | None = None
     id_prefix: str | None = None
+    id_suffix: str | None = None
 
     def __post_init__(self) -> None:
         if self.status is not None:
@@ -177,6 +182,9 @@ class RunFilter:
         if self.id_prefix is not None and not _HEX.fullmatch(self.hex_prefix):
             raise ValueError(f"id prefix {self.id_prefix!r} must be 1 to 32 hex digits "
                              "(dashes allowed)")
+        if self.id_suffix is not None and not _SUFFIX.fullmatch(self.id_suffix.lower()):
+            raise ValueError(f"id end {self.id_suffix!r} must be 1 to 12 hex digits (the last "
+                             "part of an id)")
 
     @property
     def hex_prefix(self) -> str:
@@ -195,9 +203,10 @@ class RunFilter:
         lows = [u for u in low if u is not None]
         highs = [u for u in high if u is not None]
         columns = {k: v for k, v in asdict(self).items()
-                   if k not in ("created_after", "created_before", "id_prefix")}
+                   if k not in ("created_after", "created_before", "id_prefix", "id_suffix")}
         return {**columns, "min_id": max(lows, default=None),
-                "before_id": min(highs, default=None)}
+                "before_id": min(highs, default=None),
+                "id_suffix": self.id_suffix and self.id_suffix.lower()}
 
 
 def _id_at(moment: datetime) -> UUID:

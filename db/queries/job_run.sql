@@ -569,6 +569,7 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(parent_run_id)s::uuid IS NULL OR parent_run_id = %(parent_run_id)s)
   AND (%(before_id)s::uuid IS NULL OR id < %(before_id)s::uuid)
   AND (%(min_id)s::uuid IS NULL OR id >= %(min_id)s::uuid)
+  AND (%(id_suffix)s::text IS NULL OR right(id::text, length(%(id_suffix)s::text)) = %(id_suffix)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s
 
@@ -698,6 +699,7 @@ WHERE ((status = 'pending' AND 'pending' = ANY (%(statuses)s::text[]))
   AND (%(parent_run_id)s::uuid IS NULL OR parent_run_id = %(parent_run_id)s)
   AND (%(before_id)s::uuid IS NULL OR id < %(before_id)s::uuid)
   AND (%(min_id)s::uuid IS NULL OR id >= %(min_id)s::uuid)
+  AND (%(id_suffix)s::text IS NULL OR right(id::text, length(%(id_suffix)s::text)) = %(id_suffix)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s
 
@@ -726,6 +728,7 @@ SELECT count(*) AS n FROM (
       AND (%(parent_run_id)s::uuid IS NULL OR parent_run_id = %(parent_run_id)s)
       AND (%(before_id)s::uuid IS NULL OR id < %(before_id)s::uuid)
       AND (%(min_id)s::uuid IS NULL OR id >= %(min_id)s::uuid)
+      AND (%(id_suffix)s::text IS NULL OR right(id::text, length(%(id_suffix)s::text)) = %(id_suffix)s::text)
     LIMIT %(cap)s
 ) matching
 

@@ -6,7 +6,7 @@ and the actions cancel, retry and send a signal."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -20,21 +20,44 @@ from notifyq._run import RUN_STATUSES
 from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirect
 
 PAGE = 50
+SUFFIX_WINDOW = timedelta(days=1)
 FILTERS = ("status", "type", "pool", "tag", "tenant", "scope", "scope_id", "from", "to", "q")
 DONE = {"cancel": "Canceled", "retry": "Put back in line", "signal": "Signal sent"}
 
 
 def run_filter(params: dict[str, str]) -> RunFilter:
     """The list's filter from its form fields (a Problem page, 422, naming a bad one)."""
+    prefix, suffix = id_search(params.get("q", ""))
     try:
+        after, before = _time(params, "from"), _time(params, "to")
+        if suffix_bounded(params):
+            after = (before or datetime.now(UTC)) - SUFFIX_WINDOW
         return RunFilter(
             status=params.get("status"), job_type=params.get("type"), pool=params.get("pool"),
             tag=params.get("tag"), tenant_id=params.get("tenant"),
             scope_entity_type=params.get("scope"), scope_entity_id=params.get("scope_id"),
-            created_after=_time(params, "from"), created_before=_time(params, "to"),
-            id_prefix=params.get("q"))
+            created_after=after, created_before=before, id_prefix=prefix, id_suffix=suffix)
     except ValueError as exc:
         raise Problem(422, "Invalid filter", str(exc)) from None
+
+
+def id_search(text: str) -> tuple[str | None, str | None]:
+    """What the Run id box takes: an id's start (``0193a2f0``), its end as the lists show it
+    (``…9c3e3db5``, or ``...9c3e3db5``), or both (``0193a2f0…3db5``)."""
+    head, tail = text, ""
+    for mark in ("\u2026", "..."):
+        if mark in text:
+            head, _, tail = text.partition(mark)
+            break
+    return head.strip() or None, tail.strip() or None
+
+
+def suffix_bounded(params: dict[str, str]) -> bool:
+    """An id's end alone (no id start, no "from") is searched among the runs created in the
+    ``SUFFIX_WINDOW`` before "to" (or now) only: it is checked run by run (10 s for 10 million
+    runs), where an id's start or a time range is a range of the primary key."""
+    prefix, suffix = id_search(params.get("q", ""))
+    return suffix is not None and prefix is None and not params.get("from")
 
 
 def _time(params: dict[str, str], name: str) -> datetime | None:
@@ -67,6 +90,7 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
             runs = await control.list_filtered(conn, where, limit=PAGE, before=before)
         filters = {k: v for k, v in params.items() if k != "cursor"}
         return {"runs": runs, "filters": filters, "statuses": RUN_STATUSES,
+                "suffix_window": suffix_bounded(params),
                 "next_cursor": str(runs[-1].id) if len(runs) == PAGE else None,
                 "live": before is None}
 
@@ -90,13 +114,29 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
     @router.get("/runs/{id}", response_class=HTMLResponse)
     async def detail(request: Request, id: str, viewer: Signed) -> Response:
         try:
+            target = UUID(id)
+        except ValueError:
+            return await _lookup(request, id)
+        try:
             async with (await app.pool()).connection() as conn:
-                found = await control.detail(conn, run_id(id), limit=200)
+                found = await control.detail(conn, target, limit=200)
         except RunNotFound:
             raise Problem(404, "No such run", f"there is no run {id} (it may have been "
                           "purged after its retention)") from None
         return ui.page(request, viewer, "run.html", detail=found, run=found.run,
                        done=_done(request), live=not found.run.status.terminal)
+
+    async def _lookup(request: Request, text: str) -> Response:
+        """A run's address with a short id (``/runs/…9c3e3db5``): to the run it names, or to
+        the list when it names several."""
+        async with (await app.pool()).connection() as conn:
+            found = await control.list_filtered(conn, run_filter({"q": text}), limit=2)
+        if len(found) == 1:
+            return redirect(request, f"/runs/{found[0].id}")
+        if found:
+            return redirect(request, "/runs", q=text)
+        raise Problem(404, "No such run", f"no run matches {text[:80]!r} (it may have been "
+                      "purged after its retention)")
 
     @router.post("/runs/{id}/{action}")
     async def act(request: Request, id: str, action: str) -> Response:
