@@ -6,6 +6,7 @@ and the actions cancel, retry and send a signal."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -14,9 +15,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
-from notifyq._control import BULK_MAX, COUNT_CAP, BulkAction, RunFilter
+from notifyq._control import BULK_MAX, COUNT_CAP, RUN_STATES, BulkAction, RunFilter
 from notifyq._errors import InvalidEnqueue, InvalidTransition, RunNotFound
-from notifyq._run import RUN_STATUSES
 from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirect
 
 PAGE = 50
@@ -33,12 +33,20 @@ def run_filter(params: dict[str, str]) -> RunFilter:
         if suffix_bounded(params):
             after = (before or datetime.now(UTC)) - SUFFIX_WINDOW
         return RunFilter(
-            status=params.get("status"), job_type=params.get("type"), pool=params.get("pool"),
+            **_state(params.get("status")), job_type=params.get("type"), pool=params.get("pool"),
             tag=params.get("tag"), tenant_id=params.get("tenant"),
             scope_entity_type=params.get("scope"), scope_entity_id=params.get("scope_id"),
             created_after=after, created_before=before, id_prefix=prefix, id_suffix=suffix)
     except ValueError as exc:
         raise Problem(422, "Invalid filter", str(exc)) from None
+
+
+def _state(name: str | None) -> dict[str, Any]:
+    if name is None:
+        return {}
+    if name not in RUN_STATES:
+        raise ValueError(f"status {name[:40]!r} must be one of {', '.join(RUN_STATES)}")
+    return RUN_STATES[name]
 
 
 def id_search(text: str) -> tuple[str | None, str | None]:
@@ -82,16 +90,24 @@ def run_id(text: str) -> UUID:
 def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
     control = app._control
 
-    async def listing(request: Request) -> dict[str, Any]:
+    async def listing(request: Request, *, whole: bool = False) -> dict[str, Any]:
+        """The list's rows; for the ``whole`` page also the state tabs with their counts and
+        the known job types and pools."""
         params = query(request.query_params, *FILTERS, "cursor")
         where = run_filter(params)
         before = run_id(params["cursor"]) if "cursor" in params else None
-        async with (await app.pool()).connection() as conn:
-            runs = await control.list_filtered(conn, where, limit=PAGE, before=before)
         filters = {k: v for k, v in params.items() if k != "cursor"}
-        return {"runs": runs, "filters": filters, "statuses": RUN_STATUSES,
+        page: dict[str, Any] = {}
+        async with (await app.pool()).connection() as conn:
+            runs = await control.list_with_tenants(conn, where, limit=PAGE, before=before)
+            if whole:
+                any_state = replace(where, status=None, due=None, retried=None)
+                page = _tabs(filters, await control.count_states(conn, any_state))
+                page["job_types"] = await control.job_types(conn)
+        return {"runs": runs, "filters": filters, "statuses": RUN_STATES, **page,
+                "cap": COUNT_CAP, "now": datetime.now(UTC),
                 "suffix_window": suffix_bounded(params),
-                "next_cursor": str(runs[-1].id) if len(runs) == PAGE else None,
+                "next_cursor": str(runs[-1].run.id) if len(runs) == PAGE else None,
                 "live": before is None}
 
     @router.get("/runs", response_class=HTMLResponse)
@@ -102,7 +118,7 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
                 return redirect(request, f"/runs/{UUID(text)}")
             except ValueError:
                 pass
-        return ui.page(request, viewer, "runs.html", **await listing(request),
+        return ui.page(request, viewer, "runs.html", **await listing(request, whole=True),
                        done=_done(request))
 
     @router.get("/runs/rows", response_class=HTMLResponse)
@@ -116,7 +132,7 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
         try:
             target = UUID(id)
         except ValueError:
-            return await _lookup(request, id)
+            return await _lookup(request, app, id)
         try:
             async with (await app.pool()).connection() as conn:
                 found = await control.detail(conn, target, limit=200)
@@ -125,18 +141,6 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
                           "purged after its retention)") from None
         return ui.page(request, viewer, "run.html", detail=found, run=found.run,
                        done=_done(request), live=not found.run.status.terminal)
-
-    async def _lookup(request: Request, text: str) -> Response:
-        """A run's address with a short id (``/runs/…9c3e3db5``): to the run it names, or to
-        the list when it names several."""
-        async with (await app.pool()).connection() as conn:
-            found = await control.list_filtered(conn, run_filter({"q": text}), limit=2)
-        if len(found) == 1:
-            return redirect(request, f"/runs/{found[0].id}")
-        if found:
-            return redirect(request, "/runs", q=text)
-        raise Problem(404, "No such run", f"no run matches {text[:80]!r} (it may have been "
-                      "purged after its retention)")
 
     @router.post("/runs/{id}/{action}")
     async def act(request: Request, id: str, action: str) -> Response:
@@ -157,6 +161,34 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
         except InvalidTransition as exc:
             raise Problem(409, f"Cannot {action} this run", str(exc)) from None
         return redirect(request, f"/runs/{target}", done=action)
+
+
+async def _lookup(request: Request, app: App, text: str) -> Response:
+    """A run's address with a short id (``/runs/…9c3e3db5``): to the run it names, or to
+    the list when it names several."""
+    async with (await app.pool()).connection() as conn:
+        found = await app._control.list_filtered(conn, run_filter({"q": text}), limit=2)
+    if len(found) == 1:
+        return redirect(request, f"/runs/{found[0].id}")
+    if found:
+        return redirect(request, "/runs", q=text)
+    raise Problem(404, "No such run", f"no run matches {text[:80]!r} (it may have been "
+                  "purged after its retention)")
+
+
+def _tabs(filters: dict[str, str], counts: dict[str, int]) -> dict[str, Any]:
+    """A tab per state (and "all") with its count and link, and how many runs match the
+    filter: each count stops at ``COUNT_CAP`` (shown "10,000+"), a total with one that did is
+    "or more"."""
+    others = {k: v for k, v in filters.items() if k != "status"}
+    current = filters.get("status")
+    total = sum(counts.values())
+    tabs = [{"state": None, "label": "all", "count": total,
+             "capped": any(n >= COUNT_CAP for n in counts.values()), "query": others}]
+    tabs += [{"state": state, "label": state.replace("_", " "), "count": n,
+              "capped": n >= COUNT_CAP, "query": {**others, "status": state}}
+             for state, n in counts.items()]
+    return {"tabs": tabs, "matching": next(t for t in tabs if t["state"] == current)}
 
 
 def _add_bulk(router: APIRouter, app: App, ui: Ui) -> None:

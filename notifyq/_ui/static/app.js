@@ -71,6 +71,13 @@
     }, function () { showField(button, text); });
   });
 
+  document.addEventListener("change", function (event) {
+    if (event.target.id !== "select-all") return;
+    for (const box of document.querySelectorAll('tbody#rows input[name="id"]')) {
+      box.checked = event.target.checked;
+    }
+  });
+
   document.addEventListener("htmx:afterSwap", function (event) {
     refreshTimes(event.detail.target.parentNode || document);
   });
