@@ -103,15 +103,18 @@ $$;
 --
 
 CREATE FUNCTION notifyq.uuid7() RETURNS uuid
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    SELECT encode(
+DECLARE
+    us bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+BEGIN
+    RETURN encode(
         overlay(uuid_send(gen_random_uuid())
                 PLACING substring(int8send(us / 1000) FROM 3)
                      || substring(int4send(28672 + ((us % 1000) * 4096 / 1000)::integer) FROM 3)
                 FROM 1 FOR 8),
-        'hex')::uuid
-    FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us) t
+        'hex')::uuid;
+END
 $$;
 
 --
@@ -856,17 +859,22 @@ CREATE FUNCTION notifyq._send_webhooks_rows(p_event_types text[], p_payloads tex
     AS $$
     WITH m AS (
         SELECT u.event_type, u.payload::jsonb AS payload, u.endpoint_id, u.key,
-               u.n::integer AS n
+               u.n::integer AS n, (min(u.n) OVER (PARTITION BY u.key))::integer AS key_first
         FROM unnest(p_event_types, p_payloads, p_endpoint_ids, p_idempotency_keys)
              WITH ORDINALITY AS u(event_type, payload, endpoint_id, key, n)
-    ), known AS (      -- a key sent before: that message, nothing new
-        SELECT m.n, w.id FROM m JOIN webhook_message w ON w.idempotency_key = m.key
-    ), fresh AS (      -- new messages: a key repeated in the batch makes one, the first
-        SELECT m.*, 'msg_' || replace(uuid7()::text, '-', '') AS id
-        FROM m
-        WHERE NOT EXISTS (SELECT FROM known k WHERE k.n = m.n)
-          AND (m.key IS NULL OR m.n = (SELECT min(d.n) FROM m d WHERE d.key = m.key))
-        ORDER BY m.n
+    ), b AS (          -- per message: the one a key sent before names, or a new id (a key
+                       -- repeated in the batch makes one message, the first)
+        SELECT m.*, w.id AS known_id,
+               CASE WHEN w.id IS NULL AND (m.key IS NULL OR m.n = m.key_first)
+                    THEN 'msg_' || replace(uuid7()::text, '-', '') END AS new_id
+        FROM m LEFT JOIN webhook_message w ON w.idempotency_key = m.key
+        ORDER BY m.n   -- ids in the batch's order (volatile uuid7() is evaluated after the sort)
+    ), answer AS (     -- ... and the id it answers with
+        SELECT b.*, coalesce(b.known_id, b.new_id,
+                             max(b.new_id) OVER (PARTITION BY b.key)) AS id
+        FROM b
+    ), fresh AS (
+        SELECT a.* FROM answer a WHERE a.new_id IS NOT NULL
     ), messages AS (
         INSERT INTO webhook_message (id, event_type, body, endpoint_id, idempotency_key)
         SELECT f.id, f.event_type, f.payload::text, f.endpoint_id, f.key FROM fresh f
@@ -901,23 +909,17 @@ CREATE FUNCTION notifyq._send_webhooks_rows(p_event_types text[], p_payloads tex
         INSERT INTO webhook_delivery (message_id, endpoint_id, run_id)
         SELECT r.message_id, r.endpoint_id, r.id FROM runs r
         RETURNING webhook_delivery.message_id
-    ), counted AS (
-        SELECT d.message_id, count(*)::integer AS deliveries FROM delivered d
-        GROUP BY d.message_id
-    ), firsts AS (     -- the message a key repeated later in the batch stands for
-        SELECT f.key, f.id FROM fresh f WHERE f.key IS NOT NULL
+    ), counted AS (    -- one row: message id -> its new deliveries
+        SELECT jsonb_object_agg(c.message_id, c.deliveries) AS by_id
+        FROM (SELECT d.message_id, count(*)::integer AS deliveries FROM delivered d
+              GROUP BY d.message_id) c
     )
-    SELECT m.n, a.id, f.id IS NOT NULL,
-           coalesce(c.deliveries, CASE WHEN k.id IS NOT NULL THEN
-               (SELECT count(*)::integer FROM webhook_delivery d WHERE d.message_id = k.id) END,
-               0)
-    FROM m
-    LEFT JOIN known k ON k.n = m.n
-    LEFT JOIN fresh f ON f.n = m.n
-    LEFT JOIN firsts r ON r.key = m.key
-    CROSS JOIN LATERAL (SELECT coalesce(k.id, f.id, r.id) AS id) a
-    LEFT JOIN counted c ON c.message_id = a.id
-    ORDER BY m.n;
+    SELECT a.n, a.id, a.new_id IS NOT NULL,
+           coalesce((c.by_id ->> a.id)::integer, CASE WHEN a.known_id IS NOT NULL THEN
+               (SELECT count(*)::integer FROM webhook_delivery d WHERE d.message_id = a.known_id)
+               END, 0)
+    FROM answer a CROSS JOIN counted c
+    ORDER BY a.n;
 $$;
 
 --
@@ -1278,6 +1280,7 @@ CREATE TABLE notifyq.periodic_schedule (
     last_run_id uuid,
     registered_at timestamp with time zone DEFAULT now() NOT NULL,
     seen_at timestamp with time zone DEFAULT now() NOT NULL,
+    input jsonb,
     CONSTRAINT periodic_schedule_cron_has_tz CHECK (((cron IS NULL) = (tz IS NULL))),
     CONSTRAINT periodic_schedule_every_ms_check CHECK ((every_ms >= 100)),
     CONSTRAINT periodic_schedule_name_check CHECK (((length(name) >= 1) AND (length(name) <= 512))),
@@ -1397,6 +1400,18 @@ CREATE TABLE notifyq.webhook_endpoint (
     CONSTRAINT webhook_endpoint_headers_check CHECK ((jsonb_typeof(headers) = 'object'::text)),
     CONSTRAINT webhook_endpoint_tenant_id_check CHECK (((length(tenant_id) >= 1) AND (length(tenant_id) <= 512))),
     CONSTRAINT webhook_endpoint_url_check CHECK (((length(url) >= 1) AND (length(url) <= 2048)))
+);
+
+--
+-- Name: webhook_event_type; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.webhook_event_type (
+    name text NOT NULL,
+    description text DEFAULT ''::text NOT NULL,
+    schema jsonb,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 --
@@ -1596,6 +1611,13 @@ ALTER TABLE ONLY notifyq.webhook_delivery
 
 ALTER TABLE ONLY notifyq.webhook_endpoint
     ADD CONSTRAINT webhook_endpoint_pkey PRIMARY KEY (id);
+
+--
+-- Name: webhook_event_type webhook_event_type_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.webhook_event_type
+    ADD CONSTRAINT webhook_event_type_pkey PRIMARY KEY (name);
 
 --
 -- Name: webhook_message webhook_message_idempotency_key_key; Type: CONSTRAINT; Schema: notifyq; Owner: -

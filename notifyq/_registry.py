@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from notifyq._cadence import Cadence, Cron, Every
 from notifyq._context import JobContext
+from notifyq._enqueue.validate import encode_input
 from notifyq._errors import ConfigError
 from notifyq._limits import JOB_TYPE, POOL
 from notifyq._policies import (
@@ -97,7 +98,7 @@ class PeriodicSpec:
         return {"name": self.name, "job_type": self.job_type,
                 "every_ms": every.every // timedelta(milliseconds=1) if every else None,
                 "cron": cron.expression if cron else None, "tz": cron.tz if cron else None,
-                "catch_up": self.catch_up}
+                "catch_up": self.catch_up, "input": encode_input(self.input)}
 
 
 class Registry:

@@ -20,12 +20,12 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from notifyq._clock import Clock
 from notifyq._crypto.keyring import Keyring, configured_keys
+from notifyq._db.dsn import resolve_dsn
 from notifyq._db.pool import (
     AsyncConn,
     WarmConnection,
     check_connection_sync,
     open_pool,
-    require_dsn,
     statement_options,
 )
 from notifyq._db.queries import Queries, queries_for
@@ -141,6 +141,19 @@ class Runtime:
         settings: not through a transaction pool (``database_transaction_pooling``)."""
         return not self.settings.database_transaction_pooling
 
+    def dsn(self) -> str:
+        """``database_url``, else the embedded PostgreSQL's that a ``notifyq serve`` of this
+        user runs (``resolve_dsn``), filled into the settings so every component uses it."""
+        if not self.settings.database_url:
+            self.settings = self.settings.model_copy(
+                update={"database_url": resolve_dsn(self.settings)})
+        return resolve_dsn(self.settings)
+
+    def listen_url(self) -> str | None:
+        """``settings.listen_url`` with ``database_url`` resolved first (:meth:`dsn`)."""
+        self.dsn()
+        return self.settings.listen_url
+
     @property
     def opened(self) -> AsyncConnectionPool[AsyncConn] | None:
         """The pool if it is open (None before the first :meth:`pool`)."""
@@ -151,7 +164,7 @@ class Runtime:
         if self._pool is None:
             async with self._open_lock:
                 if self._pool is None:
-                    dsn = require_dsn(self.settings.database_url)
+                    dsn = self.dsn()
                     self._pool = await open_pool(dsn, max_size=self.settings.pool_max_size,
                                                  prepare=self.prepares)
         return self._pool
@@ -173,7 +186,7 @@ class Runtime:
         1,588-1,596 -> 2,093-2,211/s."""
         pool = await self.pool()
         if self._warm is None:
-            self._warm = WarmConnection(require_dsn(self.settings.database_url),
+            self._warm = WarmConnection(self.dsn(),
                                         prepare=self.prepares)
         async with self._warm.connection(pool) as conn:
             yield conn
@@ -181,7 +194,7 @@ class Runtime:
     def sync_pool(self) -> SyncPool:
         """A pool for synchronous callers (``App.enqueue_sync``), opened on first use."""
         if self._sync_pool is None:
-            dsn = require_dsn(self.settings.database_url)
+            dsn = self.dsn()
             check_connection_sync(dsn)  # a bad DSN fails now with its cause, not in 30 s
             self._sync_pool = ConnectionPool(
                 dsn, min_size=1, max_size=self.settings.pool_max_size,

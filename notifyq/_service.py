@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -27,6 +28,7 @@ from notifyq._app import App
 from notifyq._dispatch.worker import Worker
 from notifyq._errors import ConfigError
 from notifyq._keys.keeper import KeyKeeper
+from notifyq._version import VERSION
 
 if TYPE_CHECKING:
     from hypercorn.config import Config
@@ -87,6 +89,8 @@ async def serve(app: App, options: ServeOptions) -> int:
     stop = anyio.Event()
     app._runtime.key_holder.role = "serve"
     async with app, anyio.create_task_group() as tg:
+        # The first line once the start checks passed (a failed start is its one error line).
+        log.info("notifyq %s serve starting (pid %d)", VERSION, os.getpid())
         if options.api:  # once the database answered: a failed start leaves no token behind
             _quick_start_token(app, options.token_dir)
         tg.start_soon(_stop_on_signal, stop)

@@ -330,8 +330,9 @@ class EmbeddedSettings(_Section):
     enabled: bool = True
     """Start one when database_url is unset. Defaults to True."""
     data_dir: str | None = None
-    """Where its data lives. Defaults to /var/lib/notifyq/pg as root, else the user data
-    directory (e.g. ~/.local/share/notifyq/pg)."""
+    """Where its data lives (``--data-dir`` of ``serve``, ``worker`` and ``migrate`` overrides
+    it; the other commands look for the running server here). Defaults to /var/lib/notifyq/pg
+    as root, else the user data directory (e.g. ~/.local/share/notifyq/pg)."""
 
 
 class WebhookSettings(_Section):
@@ -380,6 +381,11 @@ class WebhookSettings(_Section):
     disable_after_s: Seconds = 5 * 86_400.0
     """An endpoint failing continuously this long (no success) is disabled. Defaults to 5
     days."""
+    allow_unknown_event_types: bool = False
+    """Once the event-type catalog holds a type (``app.webhooks.define_event_type``), sends of
+    a type it does not hold and endpoints subscribing to one are refused; true lets them
+    through (payloads of cataloged types are still checked against their schema). An empty
+    catalog refuses nothing. Defaults to False."""
     secret_grace_s: Annotated[float, Field(ge=0)] = 86_400.0
     """After a secret rotation the old secret still signs this long. Defaults to 1 day."""
     max_connections: Annotated[int, Field(ge=1, le=10_000)] = 100
@@ -455,8 +461,10 @@ class Settings(BaseSettings):
 
     database_url: str | None = None
     """The PostgreSQL to use: a libpq connection string or URL. Without it, ``notifyq serve``,
-    ``worker`` and ``migrate`` start the embedded PostgreSQL (extra ``notifyq[embedded]``) and
-    everything else refuses to start. Defaults to none."""
+    ``worker`` and ``migrate`` start the embedded PostgreSQL (extra ``notifyq[embedded]``,
+    data in ``embedded.data_dir``), and the other commands and ``App()`` of the same user use
+    the one they run (they find its URL in the data directory) or, when none runs, refuse
+    in one line that says what to export. Defaults to none."""
     listen_database_url: str | None = None
     """A separate DSN for the LISTEN connection (e.g. direct to PostgreSQL when the pool goes
     through PgBouncer in transaction mode). Defaults to ``database_url``, unless

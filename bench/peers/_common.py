@@ -384,11 +384,15 @@ def main(make_peer: Callable[[str], Peer], driver_file: str) -> None:
     run.add_argument("--repeats", type=int)
     run.add_argument("--cell", action="append", help="only these cells (repeatable)")
     run.add_argument("--out", help="write the JSON here (default stdout)")
+    sub.add_parser("cells", help="print the cells a plain run measures (JSON)")
     ld = sub.add_parser("load")
     ld.add_argument("--dsn", required=True)
     ld.add_argument("--rate", type=int, default=2000)
     ld.add_argument("--seconds", type=float, default=60)
     args = parser.parse_args()
+    if args.cmd == "cells":  # the class's own list: nothing is opened
+        print(json.dumps(list(getattr(make_peer, "cells", CELLS))))
+        return
     if args.cmd == "load":
         result = asyncio.run(run_load(make_peer(args.dsn), args.rate, args.seconds))
         print(json.dumps(result))

@@ -38,3 +38,12 @@ WHERE (job.version, job.pool, job.priority_default, job.max_attempts, job.retry_
 
 -- name: job_list
 SELECT * FROM {schema}.job ORDER BY type
+
+-- name: job_pool_list
+-- The pools known without a live run in them: those of registered job types and those live
+-- workers claim from (the overview lists them idle, so one can be paused before a backlog).
+SELECT pool FROM {schema}.job
+UNION
+SELECT unnest(pools) FROM {schema}.worker
+WHERE expires_at > coalesce(%(now)s::timestamptz, now())
+ORDER BY pool

@@ -3,11 +3,12 @@
 -- name: periodic_schedule_register
 -- A worker's schedule, upserted at start: its definition follows the code; its state (paused,
 -- last tick) stays as the cluster left it.
-INSERT INTO {schema}.periodic_schedule AS s (name, job_type, every_ms, cron, tz, catch_up)
-VALUES (%(name)s, %(job_type)s, %(every_ms)s, %(cron)s, %(tz)s, %(catch_up)s)
+INSERT INTO {schema}.periodic_schedule AS s (name, job_type, every_ms, cron, tz, catch_up,
+                                              input)
+VALUES (%(name)s, %(job_type)s, %(every_ms)s, %(cron)s, %(tz)s, %(catch_up)s, %(input)s::jsonb)
 ON CONFLICT (name) DO UPDATE
 SET job_type = excluded.job_type, every_ms = excluded.every_ms, cron = excluded.cron,
-    tz = excluded.tz, catch_up = excluded.catch_up, seen_at = now()
+    tz = excluded.tz, catch_up = excluded.catch_up, input = excluded.input, seen_at = now()
 
 -- name: periodic_schedule_state
 -- What the scheduler needs to pick a pass's ticks: paused or not, and where catch-up starts.
@@ -66,3 +67,18 @@ SET paused_at = NULL,
                       ELSE coalesce(%(now)s::timestamptz, now()) END
 WHERE name = %(name)s
 RETURNING name, resumed_at
+
+-- name: periodic_schedule_trigger
+-- "Trigger now": one run of the schedule's job type with its stored input, now, outside the
+-- cadence (no tick is claimed: the next tick still comes when it is due). Zero rows: no such
+-- schedule; `input` NULL: registered before 0026, so nothing is enqueued.
+WITH s AS (
+    SELECT name, job_type, input FROM {schema}.periodic_schedule WHERE name = %(name)s
+), enqueued AS (   -- called only for a schedule with an input (a WHERE, not a join condition)
+    SELECT (x.run).id AS run_id
+    FROM (SELECT {schema}._enqueue(s.job_type, s.input, NULL, NULL, NULL, NULL, NULL, NULL,
+                                   %(run_id)s, true, NULL, 'schedule', s.name) AS run
+          FROM s WHERE s.input IS NOT NULL) x
+)
+SELECT s.name, s.input IS NOT NULL AS known, e.run_id
+FROM s LEFT JOIN enqueued e ON true

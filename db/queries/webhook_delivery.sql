@@ -1,8 +1,22 @@
 -- Named queries of webhook deliveries: one per (message, endpoint), its latest state and run.
 
+-- fragment: webhook_delivery_next
+-- For a pending delivery `d` to endpoint `e`: when its next attempt is due (its run's run_at,
+-- NULL once the run has started) and, while the endpoint's circuit is open, until when the
+-- delivery is held (parked, see webhook_delivery_park).
+SELECT r.run_at AS next_attempt_at,
+       CASE WHEN e.disabled_at IS NULL
+                 AND e.circuit_open_until > coalesce(%(now)s::timestamptz, now())
+            THEN e.circuit_open_until END AS held_until
+FROM {schema}.job_run r
+WHERE d.status = 'pending' AND r.id = d.run_id AND r.status = 'pending'
+
 -- name: webhook_delivery_list
-SELECT d.*, e.url FROM {schema}.webhook_delivery d
+-- A message's deliveries. A pending one has its next attempt (its run's run_at) and, while its
+-- endpoint's circuit is open, `held_until` (the fragment webhook_delivery_next).
+SELECT d.*, e.url, x.next_attempt_at, x.held_until FROM {schema}.webhook_delivery d
 JOIN {schema}.webhook_endpoint e ON e.id = d.endpoint_id
+LEFT JOIN LATERAL ({webhook_delivery_next}) x ON true
 WHERE d.message_id = %(message_id)s
 ORDER BY d.endpoint_id
 
@@ -109,10 +123,66 @@ RETURNING d.message_id, d.run_id
 -- One endpoint's deliveries, newest message first, keyset-paged with `before` (a message id);
 -- walks webhook_delivery_endpoint_message_idx (0008) instead of every delivery of the endpoint.
 SELECT d.message_id AS id, m.event_type, m.created_at, octet_length(m.body) AS size,
-       d.status, d.attempts, d.last_status_code, d.last_error, d.last_attempt_at
+       d.status, d.attempts, d.last_status_code, d.last_error, d.last_attempt_at,
+       x.next_attempt_at, x.held_until
 FROM {schema}.webhook_delivery d
 JOIN {schema}.webhook_message m ON m.id = d.message_id
+JOIN {schema}.webhook_endpoint e ON e.id = d.endpoint_id
+LEFT JOIN LATERAL ({webhook_delivery_next}) x ON true
 WHERE d.endpoint_id = %(endpoint_id)s
   AND (%(before)s::text IS NULL OR d.message_id < %(before)s::text)
 ORDER BY d.message_id DESC
 LIMIT %(limit)s
+
+-- fragment: webhook_delivery_missing
+-- "Replay missing since T" (issue 34 item 1): the messages sent at or after T that the endpoint
+-- should have received (sent to it, or by event type with the endpoint subscribed to the type
+-- now) and never got: no delivery (it was disabled when they were sent, or subscribed later) or
+-- a canceled one (disabled while they waited). Message ids grow with time (msg_ + a UUIDv7), so
+-- `from_id`, the id prefix of T, bounds the walk of webhook_message's primary key.
+missing AS (
+    SELECT m.id AS message_id
+    FROM {schema}.webhook_message m
+    JOIN {schema}.webhook_endpoint e ON e.id = %(endpoint_id)s
+    LEFT JOIN {schema}.webhook_delivery d ON d.message_id = m.id AND d.endpoint_id = e.id
+    WHERE m.id >= %(from_id)s AND m.created_at >= %(since)s::timestamptz
+      AND (m.endpoint_id = e.id
+           OR (m.endpoint_id IS NULL
+               AND (e.event_types IS NULL OR m.event_type = ANY (e.event_types))))
+      AND (d.message_id IS NULL OR d.status = 'canceled')
+    ORDER BY m.id
+    LIMIT %(limit)s
+)
+
+-- name: webhook_delivery_missing_count
+WITH {webhook_delivery_missing}
+SELECT count(*)::integer AS missing FROM missing
+
+-- name: webhook_delivery_replay_missing
+-- Each missing message gets a delivery (a canceled one starts again) and a scheduled run. The
+-- caller holds the endpoint's replay lock (webhook_delivery_replay_lock) first, in its own
+-- statement, so two replays of one endpoint never enqueue the same message twice.
+WITH {webhook_delivery_missing},
+runs AS (
+    SELECT x.message_id,
+           ({schema}._enqueue('webhook.deliver',
+                              jsonb_build_object('message_id', x.message_id,
+                                                 'endpoint_id', %(endpoint_id)s::uuid),
+                              p_pool => 'webhooks', p_max_attempts => 100,
+                              p_trigger_source => 'manual', p_trigger_ref => x.message_id,
+                              p_allow_unknown_type => true)).id AS run_id
+    FROM missing x
+)
+INSERT INTO {schema}.webhook_delivery AS d (message_id, endpoint_id, run_id, created_at,
+                                            updated_at)
+SELECT r.message_id, %(endpoint_id)s, r.run_id, coalesce(%(now)s::timestamptz, now()),
+       coalesce(%(now)s::timestamptz, now())
+FROM runs r
+ON CONFLICT (message_id, endpoint_id) DO UPDATE
+SET status = 'pending', attempts = 0, run_id = excluded.run_id, last_status_code = NULL,
+    last_error = NULL, updated_at = excluded.updated_at
+WHERE d.status = 'canceled'
+RETURNING d.message_id, d.run_id
+
+-- name: webhook_delivery_replay_lock
+SELECT pg_advisory_xact_lock(hashtext('notifyq.replay'), hashtext(%(endpoint_id)s::text))

@@ -29,14 +29,21 @@ WHERE m.id = %(id)s
 -- name: webhook_message_list
 -- Newest first (ids are msg_ + a UUIDv7 in hex: time-ordered), keyset-paged with `before`.
 -- With `tenant_ids`, only messages sent to one endpoint of those tenants (see
--- webhook_message_in_tenants).
+-- webhook_message_in_tenants); with `event_type`, of that type; with `to_endpoint`, those
+-- with a delivery to it. `retrying`: deliveries still pending after a failed attempt.
 SELECT m.id, m.event_type, m.endpoint_id AS sent_to, m.idempotency_key, m.created_at,
-       octet_length(m.body) AS size,
-       (SELECT count(*) FROM {schema}.webhook_delivery d WHERE d.message_id = m.id) AS deliveries,
-       (SELECT count(*) FROM {schema}.webhook_delivery d
-        WHERE d.message_id = m.id AND d.status = 'failed') AS failed
+       octet_length(m.body) AS size, c.deliveries, c.failed, c.retrying
 FROM {schema}.webhook_message m
+CROSS JOIN LATERAL (
+    SELECT count(*) AS deliveries, count(*) FILTER (WHERE d.status = 'failed') AS failed,
+           count(*) FILTER (WHERE d.status = 'pending' AND d.attempts > 0) AS retrying
+    FROM {schema}.webhook_delivery d WHERE d.message_id = m.id
+) c
 WHERE (%(before)s::text IS NULL OR m.id < %(before)s::text)
+  AND (%(event_type)s::text IS NULL OR m.event_type = %(event_type)s::text)
+  AND (%(to_endpoint)s::uuid IS NULL
+       OR EXISTS (SELECT 1 FROM {schema}.webhook_delivery d
+                  WHERE d.message_id = m.id AND d.endpoint_id = %(to_endpoint)s::uuid))
   AND (%(tenant_ids)s::text[] IS NULL
        OR EXISTS (SELECT 1 FROM {schema}.webhook_endpoint e
                   WHERE e.id = m.endpoint_id AND e.tenant_id = ANY (%(tenant_ids)s::text[])))

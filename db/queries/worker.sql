@@ -25,12 +25,17 @@ RETURNING id
 DELETE FROM {schema}.worker WHERE id = %(id)s
 
 -- name: worker_list
--- The workers alive on the database clock, oldest first.
-SELECT id, host, pid, version, pools, concurrency, running, started_at, heartbeat_at,
-       expires_at
-FROM {schema}.worker
-WHERE expires_at > coalesce(%(now)s::timestamptz, now())
-ORDER BY started_at, id
+-- The workers alive on the database clock, oldest first. `running` is counted now from the runs
+-- each holds (status running, leased by it: claimed-ahead ones too, as the runs list shows them),
+-- not the registry's column, which is as old as the last heartbeat: the dashboard showed 0 while
+-- 21 ran, and 21 after the pool had emptied. One pass over the running runs' partial index.
+SELECT w.id, w.host, w.pid, w.version, w.pools, w.concurrency,
+       coalesce(held.running, 0) AS running, w.started_at, w.heartbeat_at, w.expires_at
+FROM {schema}.worker w
+LEFT JOIN (SELECT leased_by, count(*) AS running FROM {schema}.job_run
+           WHERE status = 'running' GROUP BY leased_by) held ON held.leased_by = w.id
+WHERE w.expires_at > coalesce(%(now)s::timestamptz, now())
+ORDER BY w.started_at, w.id
 
 -- name: worker_reap_expired
 -- Leader-only (the reaper): rows of workers that stopped heartbeating without leaving.

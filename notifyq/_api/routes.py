@@ -184,7 +184,7 @@ def build_router(app: App, auth: Authenticator, metrics_enqueued: Any) -> APIRou
     _add_signals(router, app, admin)
     add_key_routes(router, app, read_all, admin_all)
     if app._webhooks is not None:  # only what this server does is in its OpenAPI document
-        add_webhook_routes(router, app, read, admin)
+        add_webhook_routes(router, app, read, admin, admin_all)
     return router
 
 

@@ -1,6 +1,6 @@
 """The ``/v1/schedules`` routes: periodic schedules with their last and next tick; pause and
-resume one (the state is in the database, so every worker obeys). Thin calls into
-:class:`notifyq.App`.
+resume one (the state is in the database, so every worker obeys), or trigger one now. Thin
+calls into :class:`notifyq.App`.
 
 A schedule's name may hold ``/`` (``report.build@cron(*/15 * * * *, UTC)``): the path takes it
 whole, percent-encoded or not.
@@ -39,3 +39,10 @@ def add_schedule_routes(router: APIRouter, app: App, read: list[Any], admin: lis
                  summary="Resume a paused schedule; the ticks it was paused for are skipped")
     async def resume(name: Name) -> dict[str, Any]:
         return await app.resume_schedule(name)
+
+    @router.post("/schedules/{name:path}/trigger", dependencies=admin, status_code=201,
+                 response_model=schemas.ScheduleTriggered,
+                 responses=responses_for(404, 409, 422, *AUTH),
+                 summary="Enqueue one run of a schedule now, outside its cadence")
+    async def trigger(name: Name) -> dict[str, Any]:
+        return await app.trigger_schedule(name)

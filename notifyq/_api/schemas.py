@@ -327,5 +327,10 @@ class ScheduleResumed(BaseModel):
         description="ticks before this are skipped; unchanged if the schedule was not paused")
 
 
+class ScheduleTriggered(BaseModel):
+    name: str
+    run_id: UUID
+
+
 class SchedulesOut(BaseModel):
     items: list[ScheduleRow]

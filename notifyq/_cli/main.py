@@ -24,6 +24,7 @@ from notifyq._cli.schedules import add_schedule_commands
 from notifyq._console import EXIT_ERROR, Parser
 from notifyq._errors import NotifyqError
 from notifyq._keys.commands import add_keys_parser
+from notifyq._version import VERSION
 from notifyq._webhooks.commands import add_webhooks_parser
 
 # -- the parser ------------------------------------------------------------------------------
@@ -31,6 +32,7 @@ from notifyq._webhooks.commands import add_webhooks_parser
 
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog="notifyq", description="notifyq: a PostgreSQL-backed job queue.")
+    parser.add_argument("--version", action="version", version=f"notifyq {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser,
                                 metavar="COMMAND")
     add_process_commands(sub)

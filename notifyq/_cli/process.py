@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 
 from notifyq import _embedded as embedded
+from notifyq._app import App
 from notifyq._console import (
     EXIT_ERROR,
     load_app,
@@ -25,6 +26,7 @@ def add_process_commands(sub: Any) -> None:
     migrate = sub.add_parser("migrate", help="apply pending migrations")
     migrate.add_argument("--check", action="store_true",
                          help="exit 1 when the database is behind (or ahead), apply nothing")
+    _add_data_dir(migrate)
     migrate.set_defaults(func=cmd_migrate)
 
     worker = sub.add_parser("worker", help="run a worker until SIGTERM/SIGINT")
@@ -33,6 +35,7 @@ def add_process_commands(sub: Any) -> None:
     worker.add_argument("--pool", action="append", dest="pools")
     worker.add_argument("--burst", action="store_true",
                         help="drain what is runnable now, then exit 0")
+    _add_data_dir(worker)
     worker.set_defaults(func=cmd_worker)
     _add_serve(sub)
 
@@ -54,13 +57,29 @@ def _add_serve(sub: Any) -> None:
                        help="serve the API only")
     serve.add_argument("--no-api", dest="api", action="store_false",
                        help="run the worker only")
+    _add_data_dir(serve)
     serve.set_defaults(func=cmd_serve)
+
+
+def _add_data_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", help="where the embedded PostgreSQL keeps its data when no "
+                        "database URL is set (embedded.data_dir; the other commands find the "
+                        "server there through NOTIFYQ_EMBEDDED__DATA_DIR)")
+
+
+def _load(args: argparse.Namespace, target: str | None) -> App:
+    """The App of a command that may start the embedded PostgreSQL, with ``--data-dir``."""
+    app = load_app(target)
+    if args.data_dir:
+        embedded_settings = app.settings.embedded.model_copy(update={"data_dir": args.data_dir})
+        app.settings = app.settings.model_copy(update={"embedded": embedded_settings})
+    return app
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from notifyq._db import migrate as migrations
 
-    app = load_app(None)
+    app = _load(args, None)
 
     async def go() -> int:
         async with app:
@@ -80,7 +99,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    app = load_app(args.app)
+    app = _load(args, args.app)
 
     async def go() -> int:
         async with app, anyio.create_task_group() as tg:
@@ -98,7 +117,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from notifyq._service import ServeOptions, serve
 
-    app = load_app(args.app)
+    app = _load(args, args.app)
     with embedded.database_for(app) as server:
         # A generated admin token lives beside the embedded PostgreSQL's data directory.
         options = ServeOptions(host=args.host, port=args.port, worker=args.worker,

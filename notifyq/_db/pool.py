@@ -24,15 +24,6 @@ CONNECT_TIMEOUT_S = 5
 server that never answers is reported after this, not after the pool's 30 s."""
 
 
-def require_dsn(dsn: str | None) -> str:
-    if not dsn:
-        raise ConfigError(
-            "no database configured: set NOTIFYQ_DATABASE_URL (e.g. "
-            "postgresql://user@127.0.0.1:5432/app) or pass App(dsn=...)"
-        )
-    return dsn
-
-
 def statement_options(prepare: bool) -> dict[str, Any]:
     """psycopg's connection options for ``prepare``: False (``database_transaction_pooling``)
     turns its prepared statements off. psycopg prepares a statement on its 5th run on a

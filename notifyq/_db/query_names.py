@@ -24,6 +24,7 @@ class QueryNames:
     # db/queries/job.sql
     job_upsert: LiteralString
     job_list: LiteralString
+    job_pool_list: LiteralString
 
     # db/queries/job_run.sql
     job_run_enqueue: LiteralString
@@ -148,6 +149,7 @@ class QueryNames:
     periodic_schedule_list: LiteralString
     periodic_schedule_pause: LiteralString
     periodic_schedule_resume: LiteralString
+    periodic_schedule_trigger: LiteralString
 
     # db/queries/rate_window.sql
     rate_window_list: LiteralString
@@ -168,6 +170,9 @@ class QueryNames:
     webhook_delivery_resend: LiteralString
     webhook_delivery_recover: LiteralString
     webhook_delivery_list_by_endpoint: LiteralString
+    webhook_delivery_missing_count: LiteralString
+    webhook_delivery_replay_missing: LiteralString
+    webhook_delivery_replay_lock: LiteralString
 
     # db/queries/webhook_endpoint.sql
     webhook_endpoint_insert: LiteralString
@@ -183,6 +188,11 @@ class QueryNames:
     webhook_endpoint_circuit_hold: LiteralString
     webhook_endpoint_delete: LiteralString
     webhook_endpoint_health: LiteralString
+
+    # db/queries/webhook_event_type.sql
+    webhook_event_type_upsert: LiteralString
+    webhook_event_type_list: LiteralString
+    webhook_event_type_delete: LiteralString
 
     # db/queries/webhook_message.sql
     webhook_message_send: LiteralString

@@ -172,6 +172,18 @@ async def schedule_resume(conn: AsyncConn, queries: Queries, name: str,
     return _found(await cur.fetchone(), name)
 
 
+async def schedule_trigger(conn: AsyncConn, queries: Queries, name: str) -> dict[str, Any]:
+    """One run of the schedule now, with its stored input, outside its cadence (its next tick
+    still comes when due): ``{"name", "run_id"}``."""
+    cur = await conn.execute(queries.periodic_schedule_trigger,
+                             {"name": name, "run_id": new_run_id()})
+    row = _found(await cur.fetchone(), name)
+    if not row["known"]:
+        raise ConfigError(f"schedule {name!r} was registered by an older notifyq that did not "
+                          "store its input: start a worker that declares it, then trigger it")
+    return {"name": row["name"], "run_id": row["run_id"]}
+
+
 def _found(row: dict[str, Any] | None, name: str) -> dict[str, Any]:
     if row is None:
         raise ScheduleNotFound(f"no periodic schedule named {name!r}: `notifyq schedules list` "

@@ -25,6 +25,7 @@ from notifyq._ui.job_types import add_job_type_pages
 from notifyq._ui.keys import add_key_pages
 from notifyq._ui.overview import add_overview_pages
 from notifyq._ui.render import STATIC, environment
+from notifyq._ui.run_actions import add_run_actions
 from notifyq._ui.runs import add_run_pages
 from notifyq._ui.schedules import add_schedule_pages
 from notifyq._ui.session import COOKIE, SESSION_S, Sessions
@@ -54,6 +55,7 @@ def create_ui(app: App, auth: Authenticator) -> FastAPI:
     router = APIRouter()
     _add_sign_in(router, ui, auth)
     add_overview_pages(router, app, ui)
+    add_run_actions(router, app, ui)  # before add_run_pages: its /runs/{id}/{action} takes all
     add_run_pages(router, app, ui)
     add_job_type_pages(router, app, ui)
     add_webhook_pages(router, app, ui)

@@ -1,5 +1,6 @@
 """The overview: per pool what is runnable, scheduled, running, waiting and failed in the last
-hour, the oldest runnable run's age, whether it is paused (with pause/resume for admins),
+hour, the oldest runnable run's age, whether it is paused, why and since when (with pause,
+after a confirmation, and resume for admins; idle pools are listed too),
 workers and leaders; charts of the last hour per minute. The panels refresh every few seconds
 (htmx), the charts from their JSON (uPlot)."""
 
@@ -49,9 +50,15 @@ def add_overview_pages(router: APIRouter, app: App, ui: Ui) -> None:
 
     @router.post("/pools/{pool}/{action}")
     async def pause_or_resume(request: Request, pool: str, action: str) -> Response:
-        await ui.form(request)  # admin, Origin, CSRF
+        form = await ui.form(request)  # admin, Origin, CSRF
         if not POOL.fullmatch(pool):
             raise Problem(422, "Not a pool name", f"{pool!r} must match {POOL.pattern}")
+        if action == "pause" and form.get("confirm") != "yes":
+            return ui.page(
+                request, ui.viewer(request), "confirm.html", question=f"Pause pool {pool}?",
+                consequence="Workers stop claiming its runs at their next claim; runs already "
+                "running finish. Its pending runs wait until it is resumed.",
+                button=f"Pause {pool}", fields={}, action=f"/pools/{pool}/pause", back="/")
         if action == "pause":
             await app.pause(pool=pool, reason="paused from the dashboard")
         elif action == "resume":

@@ -15,25 +15,39 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
-from notifyq._control import BULK_MAX, COUNT_CAP, RUN_STATES, BulkAction, RunFilter
+from notifyq._control import BULK_MAX, COUNT_CAP, RUN_STATES, BulkAction, RunDetail, RunFilter
 from notifyq._errors import InvalidEnqueue, InvalidTransition, RunNotFound
+from notifyq._pause import Pause
 from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirect
 
 PAGE = 50
 SUFFIX_WINDOW = timedelta(days=1)
-FILTERS = ("status", "type", "pool", "tag", "tenant", "scope", "scope_id", "from", "to", "q")
-DONE = {"cancel": "Canceled", "retry": "Put back in line", "signal": "Signal sent"}
+FILTERS = ("status", "type", "pool", "tag", "tenant", "scope", "scope_id", "from", "to", "q",
+           "due", "finished", "worker")
+FINISHED_WITHIN = {"1h": 3600, "24h": 24 * 3600, "7d": 7 * 24 * 3600}
+"""The ``finished`` filter's choices: finished in the last hour, day or week."""
+DONE = {"cancel": "Canceled", "retry": "Put back in line", "signal": "Signal sent",
+        "replay": "Replaying from the step", "delete": "Deleted", "reschedule": "Rescheduled",
+        "pause_type": "Job type paused", "resume_type": "Job type resumed"}
 
 
 def run_filter(params: dict[str, str]) -> RunFilter:
-    """The list's filter from its form fields (a Problem page, 422, naming a bad one)."""
+    """The list's filter from its form fields (a Problem page, 422, naming a bad one).
+    ``status`` is a state of ``RUN_STATES`` (``pending``: runnable now; ``due`` overrides
+    when given), or several statuses comma-separated (the overview's "failed" counts
+    timed-out runs too)."""
+    finished = params.get("finished")
+    if finished is not None and finished not in FINISHED_WITHIN:
+        raise Problem(422, "Invalid filter", f"finished: {finished!r} is not one of "
+                      f"{', '.join(FINISHED_WITHIN)}")
     prefix, suffix = id_search(params.get("q", ""))
     try:
         after, before = _time(params, "from"), _time(params, "to")
         if suffix_bounded(params):
             after = (before or datetime.now(UTC)) - SUFFIX_WINDOW
         return RunFilter(
-            **_state(params.get("status")), job_type=params.get("type"), pool=params.get("pool"),
+            **_states(params), finished_within_s=FINISHED_WITHIN[finished] if finished else None,
+            leased_by=params.get("worker"), job_type=params.get("type"), pool=params.get("pool"),
             tag=params.get("tag"), tenant_id=params.get("tenant"),
             scope_entity_type=params.get("scope"), scope_entity_id=params.get("scope_id"),
             created_after=after, created_before=before, id_prefix=prefix, id_suffix=suffix)
@@ -41,12 +55,16 @@ def run_filter(params: dict[str, str]) -> RunFilter:
         raise Problem(422, "Invalid filter", str(exc)) from None
 
 
-def _state(name: str | None) -> dict[str, Any]:
-    if name is None:
-        return {}
-    if name not in RUN_STATES:
-        raise ValueError(f"status {name[:40]!r} must be one of {', '.join(RUN_STATES)}")
-    return RUN_STATES[name]
+def _states(params: dict[str, str]) -> dict[str, Any]:
+    """RunFilter's fields of the ``status`` and ``due`` parameters (RunFilter checks them)."""
+    statuses = tuple(params["status"].split(",")) if params.get("status") else ()
+    if len(statuses) > 1:
+        fields: dict[str, Any] = {"status_in": statuses}
+    elif statuses:
+        fields = dict(RUN_STATES.get(statuses[0], {"status": statuses[0]}))
+    else:
+        fields = {}
+    return fields | ({"due": params["due"]} if params.get("due") else {})
 
 
 def id_search(text: str) -> tuple[str | None, str | None]:
@@ -101,8 +119,9 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
         async with (await app.pool()).connection() as conn:
             runs = await control.list_with_tenants(conn, where, limit=PAGE, before=before)
             if whole:
-                any_state = replace(where, status=None, due=None, retried=None)
+                any_state = replace(where, status=None, status_in=None, due=None, retried=None)
                 page = _tabs(filters, await control.count_states(conn, any_state))
+                page["matching"] = await control.count_matching(conn, where)
                 page["job_types"] = await control.job_types(conn)
         return {"runs": runs, "filters": filters, "statuses": RUN_STATES, **page,
                 "cap": COUNT_CAP, "now": datetime.now(UTC),
@@ -140,7 +159,9 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
             raise Problem(404, "No such run", f"there is no run {id} (it may have been "
                           "purged after its retention)") from None
         return ui.page(request, viewer, "run.html", detail=found, run=found.run,
-                       done=_done(request), live=not found.run.status.terminal)
+                       done=_done(request), live=not found.run.status.terminal,
+                       waiting_step=_waiting_step(found),
+                       type_paused=await type_pause(app, found.run.job_type))
 
     @router.post("/runs/{id}/{action}")
     async def act(request: Request, id: str, action: str) -> Response:
@@ -177,18 +198,19 @@ async def _lookup(request: Request, app: App, text: str) -> Response:
 
 
 def _tabs(filters: dict[str, str], counts: dict[str, int]) -> dict[str, Any]:
-    """A tab per state (and "all") with its count and link, and how many runs match the
-    filter: each count stops at ``COUNT_CAP`` (shown "10,000+"), a total with one that did is
-    "or more"."""
-    others = {k: v for k, v in filters.items() if k != "status"}
-    current = filters.get("status")
+    """A tab per state (and "all") with its count and link: each count stops at
+    ``COUNT_CAP`` (shown "10,000+"), the total of "all" with one that did is "or more"."""
+    others = {k: v for k, v in filters.items() if k not in ("status", "due")}
+    current = None if "due" in filters else filters.get("status")
     total = sum(counts.values())
     tabs = [{"state": None, "label": "all", "count": total,
              "capped": any(n >= COUNT_CAP for n in counts.values()), "query": others}]
     tabs += [{"state": state, "label": state.replace("_", " "), "count": n,
               "capped": n >= COUNT_CAP, "query": {**others, "status": state}}
              for state, n in counts.items()]
-    return {"tabs": tabs, "matching": next(t for t in tabs if t["state"] == current)}
+    for tab in tabs:
+        tab["current"] = tab["state"] == current
+    return {"tabs": tabs}
 
 
 def _add_bulk(router: APIRouter, app: App, ui: Ui) -> None:
@@ -225,6 +247,21 @@ def _add_bulk(router: APIRouter, app: App, ui: Ui) -> None:
         return redirect(request, "/runs", **query(form, *FILTERS), done=action,
                         changed=str(result.changed), requested=str(result.requested),
                         remaining=str(result.remaining))
+
+
+async def type_pause(app: App, job_type: str) -> Pause | None:
+    """The job type's pause, if it is paused (the run page offers to pause or resume it)."""
+    return next((p for p in await app.paused() if p.kind == "type" and p.name == job_type),
+                None)
+
+
+def _waiting_step(found: RunDetail) -> str | None:
+    """The step a waiting run waits in: its latest sleep or signal step, shown as sleeping or
+    waiting instead of the fact recorded for it (a sleep is recorded completed at once, a wait
+    for a signal running)."""
+    kind = {"sleep": "sleep", "signal": "signal"}.get(found.wait["kind"]) if found.wait else None
+    steps = [s["step_id"] for s in found.steps if s["kind"] == kind]
+    return steps[-1] if steps else None
 
 
 async def _signal(app: App, form: dict[str, str]) -> int:

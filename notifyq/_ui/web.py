@@ -14,6 +14,7 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -163,3 +164,17 @@ def redirect(request: Request, to: str, **params: str) -> Response:
 def query(params: Mapping[str, str], *names: str) -> dict[str, str]:
     """The non-empty query parameters among ``names``."""
     return {n: params[n].strip() for n in names if params.get(n, "").strip()}
+
+
+def utc_time(params: Mapping[str, str], name: str) -> datetime | None:
+    """The form field ``name`` as a time (a ``datetime-local`` input's value is UTC), None when
+    empty; ValueError naming the field when it is not one."""
+    text = params.get(name)
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{name}: {text!r} is not a date and time "
+                         "(e.g. 2026-12-01T09:30)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -1,12 +1,21 @@
 """Webhooks: endpoints with their health (success rate over the last day, last attempt, last
 failure, why disabled), their deliveries; messages with every attempt (status code, duration,
-error kind, response excerpt); and the actions resend, enable / disable and rotate secret (the
-new secret is shown once, on the answer to the rotation, and never again)."""
+error kind, response excerpt), pending ones with their next attempt and whether the circuit
+holds them; messages filtered by event type and endpoint, their failed and retrying deliveries
+counted; and the actions resend, resend every failed delivery of an endpoint since a time,
+enable / disable (after a confirmation) and rotate secret.
+
+A rotation answers with a redirect (reloading the page does not rotate again); the new secret
+waits in this process's memory, keyed by the session's CSRF token and the endpoint, for
+``REVEAL_S`` and is removed when the endpoint's page shows it: shown once, never in a URL,
+a log or the database in clear."""
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -15,14 +24,33 @@ from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
 from notifyq._errors import ConfigError, InvalidEndpoint, WebhookNotFound
-from notifyq._ui.session import Viewer
-from notifyq._ui.web import Problem, Signed, Ui, redirect
+from notifyq._ui.web import Problem, Signed, Ui, query, redirect, utc_time
+from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.routes import MESSAGE_ID
 from notifyq._webhooks.service import Webhooks
 
 PAGE = 50
 DONE = {"disable": "Endpoint disabled", "enable": "Endpoint enabled",
-        "resend": "Resent"}
+        "resend": "Resent", "rotate": "Secret rotated", "recover": "Failed deliveries resent"}
+RECOVER_SINCE = timedelta(days=1)
+"""What "Resend failed" offers to go back by, to begin with."""
+REVEAL_S = 60.0
+"""How long a rotated secret waits for its one showing (the redirect takes milliseconds)."""
+
+
+class Reveals:
+    """New secrets waiting to be shown once to the session that asked for them."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[tuple[str, UUID], tuple[float, str]] = {}
+
+    def hold(self, csrf: str, endpoint_id: UUID, secret: str, now: float) -> None:
+        self._waiting = {k: v for k, v in self._waiting.items() if v[0] > now}
+        self._waiting[(csrf, endpoint_id)] = (now + REVEAL_S, secret)
+
+    def take(self, csrf: str, endpoint_id: UUID, now: float) -> str | None:
+        expires, secret = self._waiting.pop((csrf, endpoint_id), (0.0, None))
+        return secret if expires > now else None
 
 
 def _endpoint_id(text: str) -> UUID:
@@ -40,6 +68,7 @@ def _message_id(text: str) -> str:
 
 
 def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
+    reveals = Reveals()
 
     def service() -> Webhooks:
         if app._webhooks is None:
@@ -59,39 +88,48 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
 
     @router.get("/webhooks/endpoints/{id}", response_class=HTMLResponse)
     async def endpoint(request: Request, id: str, viewer: Signed) -> Response:
-        return await _endpoint_page(request, viewer, _endpoint_id(id))
-
-    async def _endpoint_page(request: Request, viewer: Viewer | None, endpoint_id: UUID, *,
-                             secret: str | None = None) -> Response:
+        endpoint_id = _endpoint_id(id)
         hooks = service()
-        try:
-            found = await hooks.get_endpoint(endpoint_id)
-        except WebhookNotFound:
-            raise Problem(404, "No such endpoint", f"there is no endpoint {endpoint_id}") from None
+        found = await _endpoint(hooks, endpoint_id)
         before = request.query_params.get("cursor")
         deliveries = await hooks.list_messages(
             endpoint_id=endpoint_id, before=_message_id(before) if before else None,
             limit=PAGE)
         health = next(iter(await hooks.health(endpoint_ids=[endpoint_id])), None)
+        secret = reveals.take(viewer.csrf, endpoint_id, time.monotonic())
         return ui.page(request, viewer, "webhook_endpoint.html", endpoint=found,
                        health=health, deliveries=deliveries, secret=secret,
                        next_cursor=deliveries[-1]["id"] if len(deliveries) == PAGE else None,
-                       done=_done(request))
+                       done=_done(request), recover_since=(datetime.now(UTC) - RECOVER_SINCE)
+                       .strftime("%Y-%m-%dT%H:%M"))
 
     @router.post("/webhooks/endpoints/{id}/{action}", response_class=HTMLResponse)
     async def endpoint_action(request: Request, id: str, action: str) -> Response:
-        await ui.form(request)
-        hooks, endpoint_id = service(), _endpoint_id(id)
+        form = await ui.form(request)
+        viewer, hooks, endpoint_id = ui.viewer(request), service(), _endpoint_id(id)
+        if action == "disable" and form.get("confirm") != "yes":
+            found, path = await _endpoint(hooks, endpoint_id), f"/webhooks/endpoints/{endpoint_id}"
+            return ui.page(
+                request, viewer, "confirm.html", question=f"Disable {found.url}?",
+                consequence="Its pending deliveries are canceled, with their runs, and no "
+                "message is sent to it until it is enabled again (enabling does not bring the "
+                "canceled deliveries back: resend them from their messages).",
+                button="Disable and cancel pending deliveries", fields={},
+                action=f"{path}/disable", back=path)
         try:
             if action == "disable":
                 await hooks.disable_endpoint(endpoint_id, "disabled in the dashboard")
             elif action == "enable":
                 await hooks.enable_endpoint(endpoint_id)
+            elif action == "recover":
+                since = _since(form)
+                recovered = await hooks.recover(endpoint_id, since)
+                return redirect(request, f"/webhooks/endpoints/{endpoint_id}", done=action,
+                                changed=str(len(recovered)))
             elif action == "rotate":
                 rotated = await hooks.rotate_secret(endpoint_id)
-                # Shown on this answer only (never stored for the page, never in a URL).
-                return await _endpoint_page(request, ui.viewer(request), endpoint_id,
-                                            secret=rotated.secret)
+                assert rotated.secret is not None  # noqa: S101 - a rotation returns it
+                reveals.hold(viewer.csrf, endpoint_id, rotated.secret, time.monotonic())
             else:
                 raise Problem(404, "Not found", f"no action {action!r}")
         except WebhookNotFound:
@@ -107,10 +145,15 @@ def _add_message_pages(router: APIRouter, ui: Ui, service: Callable[[], Webhooks
 
     @router.get("/webhooks/messages", response_class=HTMLResponse)
     async def messages(request: Request, viewer: Signed) -> Response:
+        hooks = service()
+        filters = query(request.query_params, "type", "endpoint")
         before = request.query_params.get("cursor")
-        items = await service().list_messages(before=_message_id(before) if before else None,
-                                              limit=PAGE)
+        items = await hooks.list_messages(
+            before=_message_id(before) if before else None, limit=PAGE,
+            event_type=filters.get("type"),
+            to_endpoint=_endpoint_id(filters["endpoint"]) if "endpoint" in filters else None)
         return ui.page(request, viewer, "webhook_messages.html", messages=items,
+                       filters=filters, endpoints=await hooks.list_endpoints(limit=1000),
                        next_cursor=items[-1]["id"] if len(items) == PAGE else None)
 
     @router.get("/webhooks/messages/{id}", response_class=HTMLResponse)
@@ -136,6 +179,24 @@ def _add_message_pages(router: APIRouter, ui: Ui, service: Callable[[], Webhooks
             raise Problem(404, "Nothing to resend", str(exc)) from None
         return redirect(request, f"/webhooks/messages/{message_id}", done="resend",
                         changed=str(len(rows)))
+
+
+async def _endpoint(hooks: Webhooks, endpoint_id: UUID) -> Endpoint:
+    try:
+        return await hooks.get_endpoint(endpoint_id)
+    except WebhookNotFound:
+        raise Problem(404, "No such endpoint", f"there is no endpoint {endpoint_id}") from None
+
+
+def _since(form: dict[str, str]) -> datetime:
+    try:
+        since = utc_time(form, "since")
+    except ValueError as exc:
+        raise Problem(422, "Not a time", str(exc)) from None
+    if since is None:
+        raise Problem(422, "Since when?", "since: give the time from which failed deliveries "
+                      "are resent (UTC)")
+    return since
 
 
 def _done(request: Request) -> dict[str, Any] | None:

@@ -1,10 +1,13 @@
-"""``notifyq webhooks ...``: endpoints (add, list, enable, disable, rotate-secret), send,
+"""``notifyq webhooks ...``: endpoints (add, list, enable, disable, rotate-secret), the
+event-type catalog (define, list, delete), send,
 attempts, resend and recover. Text by default, JSON with ``--json``. A secret is printed only by
 ``add`` and ``rotate-secret``: the one time it is shown.
 
 Every command that changes something says what it did in one line. Those that create something
-(``endpoints add``, ``send``, ``resend``) print what scripts read on stdout (the id, the secret,
-the run ids) and that line on stderr; the others print it on stdout."""
+(``endpoints add``, ``send``, ``resend``) print what scripts read on stdout (the id, the run
+ids) and that line on stderr; the others print it on stdout. ``endpoints add`` shows the new
+secret on stderr too (``--json`` has it on stdout with the rest), so ``ID=$(...)`` captures the
+id alone."""
 
 from __future__ import annotations
 
@@ -26,8 +29,9 @@ from notifyq._webhooks.service import SentMessage
 def add_webhooks_parser(sub: Any) -> None:
     hooks = sub.add_parser("webhooks", help="webhook endpoints, messages and attempts")
     actions = hooks.add_subparsers(dest="action", required=True, parser_class=Parser,
-                                   metavar="endpoints|send|attempts|resend|recover")
+                                   metavar="endpoints|event-types|send|attempts|resend|recover|replay-missing")
     _add_endpoints(actions, Parser)
+    _add_event_types(actions, Parser)
 
     send = actions.add_parser("send", help="send a message by event type (or to one "
                                            "endpoint); prints its id")
@@ -53,7 +57,16 @@ def add_webhooks_parser(sub: Any) -> None:
     recover.add_argument("endpoint_id", metavar="ENDPOINT")
     recover.add_argument("--since", metavar="ISO8601", required=True)
     recover.set_defaults(func=cmd_recover)
-    for parser in (send, attempts, resend, recover):
+
+    replay = actions.add_parser("replay-missing", help="send an endpoint the messages since a "
+                                                       "time that it never got")
+    replay.add_argument("endpoint_id", metavar="ENDPOINT")
+    replay.add_argument("--since", metavar="ISO8601", required=True)
+    replay.add_argument("--limit", type=int, default=10_000,
+                        help="at most this many messages (default 10000)")
+    replay.add_argument("--dry-run", action="store_true", help="count them; send nothing")
+    replay.set_defaults(func=cmd_replay_missing)
+    for parser in (send, attempts, resend, recover, replay):
         _common(parser)
 
 
@@ -62,7 +75,8 @@ def _add_endpoints(actions: Any, parser_class: Any) -> None:
                                                      "rotate-secret")
     ops = endpoints.add_subparsers(dest="op", required=True, parser_class=parser_class,
                                    metavar="add|list|enable|disable|rotate-secret")
-    add = ops.add_parser("add", help="create an endpoint; prints its id and secret (once)")
+    add = ops.add_parser("add", help="create an endpoint; prints its id (its secret, shown once, "
+                                "on stderr; both with --json)")
     add.add_argument("url", metavar="URL")
     add.add_argument("--description", default="")
     add.add_argument("--event-type", action="append", dest="event_types", metavar="TYPE",
@@ -167,7 +181,9 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
             tenant_id=args.tenant_id, conn=conn)
         _say(f"created endpoint {e.id} for {e.url} ({_types(e)}, "
              f"{'enabled' if e.enabled else 'disabled'})")
-        _emit(args, e.to_json(), f"{e.id}\nsecret (shown once, store it now): {e.secret}")
+        if not args.json:  # stdout is the id alone (ID=$(...)); --json has the secret
+            _say(f"secret (shown once, store it now): {e.secret}")
+        _emit(args, e.to_json(), str(e.id))
         return 0
     return _run(args, go)
 
@@ -299,13 +315,18 @@ def cmd_resend(args: argparse.Namespace) -> int:
     return _run(args, go)
 
 
-def cmd_recover(args: argparse.Namespace) -> int:
+def _since(given: str) -> datetime:
     try:
-        since = datetime.fromisoformat(args.since)
+        since = datetime.fromisoformat(given)
     except ValueError:
-        raise InvalidEndpoint(f"--since {args.since!r} is not an ISO 8601 time") from None
+        raise InvalidEndpoint(f"--since {given!r} is not an ISO 8601 time") from None
     if since.tzinfo is None:
         raise InvalidEndpoint("--since needs a UTC offset (e.g. 2030-01-01T09:00Z)")
+    return since
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    since = _since(args.since)
 
     async def go(app: App, conn: AsyncConn) -> int:
         rows = await app.webhooks.recover(args.endpoint_id, since, conn=conn)
@@ -320,3 +341,96 @@ def _recovered_text(n: int, endpoint_id: str, since: datetime) -> str:
         return f"no failed delivery {what}: nothing to recover"
     return (f"recovered {_plural(n, 'failed delivery', 'failed deliveries')} {what}: each "
             "starts a new series of scheduled attempts")
+
+
+# -- the event-type catalog ------------------------------------------------------------------
+
+def _add_event_types(actions: Any, parser_class: Any) -> None:
+    types = actions.add_parser("event-types", help="the event-type catalog: define, list, "
+                                                   "delete")
+    ops = types.add_subparsers(dest="op", required=True, parser_class=parser_class,
+                               metavar="define|list|delete")
+    define = ops.add_parser("define", help="add an event type (or change its description "
+                                           "and schema)")
+    define.add_argument("name", metavar="EVENT_TYPE")
+    define.add_argument("--description", default="", help="for the people who subscribe")
+    define.add_argument("--schema", metavar="FILE|JSON|-",
+                        help="a JSON Schema (draft 2020-12) its payloads must match: a file, "
+                             "the JSON itself, or - for stdin; without it, any JSON")
+    define.set_defaults(func=cmd_event_types_define)
+    listing = ops.add_parser("list", help="the catalog, by name")
+    listing.set_defaults(func=cmd_event_types_list)
+    delete = ops.add_parser("delete", help="remove an event type from the catalog")
+    delete.add_argument("name", metavar="EVENT_TYPE")
+    delete.set_defaults(func=cmd_event_types_delete)
+    for parser in (define, listing, delete):
+        _common(parser)
+
+
+def _schema_arg(given: str | None) -> Any:
+    if given is None:
+        return None
+    if given == "-":
+        text = sys.stdin.read()
+    elif given.lstrip().startswith("{"):
+        text = given
+    else:
+        try:
+            with open(given, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise InvalidEndpoint(f"--schema: cannot read {given}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidEndpoint(f"--schema is not JSON: {exc}") from None
+
+
+def cmd_event_types_define(args: argparse.Namespace) -> int:
+    schema = _schema_arg(args.schema)
+
+    async def go(app: App, conn: AsyncConn) -> int:
+        t = await app.webhooks.define_event_type(args.name, description=args.description,
+                                                 schema=schema, conn=conn)
+        _emit(args, t.to_json(), f"defined event type {t.name} "
+                                 f"({'with a schema' if t.schema else 'any JSON payload'})")
+        return 0
+    return _run(args, go)
+
+
+def cmd_event_types_list(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        items = await app.webhooks.event_types(conn=conn)
+        _emit(args, [t.to_json() for t in items], "\n".join(
+            f"{t.name}  {'schema' if t.schema else 'any JSON'}  {t.description}".rstrip()
+            for t in items) or "no event types: the catalog is empty, so any type is sent")
+        return 0
+    return _run(args, go)
+
+
+def cmd_event_types_delete(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        await app.webhooks.delete_event_type(args.name, conn=conn)
+        _emit(args, {"deleted": args.name}, f"deleted event type {args.name} from the catalog")
+        return 0
+    return _run(args, go)
+
+
+def cmd_replay_missing(args: argparse.Namespace) -> int:
+    since = _since(args.since)
+
+    async def go(app: App, conn: AsyncConn) -> int:
+        r = await app.webhooks.replay_missing(args.endpoint_id, since, limit=args.limit,
+                                              dry_run=args.dry_run, conn=conn)
+        what = f"{_plural(r.count, 'message')} since {since.isoformat()}"
+        if args.dry_run:
+            text = (f"endpoint {args.endpoint_id} missed {'at least ' if r.more else ''}{what} "
+                    "(dry run: nothing sent)")
+        elif r.count:
+            text = (f"replayed {what} to endpoint {args.endpoint_id}: each has a new delivery"
+                    + ("; more are left: run it again" if r.more else ""))
+        else:
+            text = f"endpoint {args.endpoint_id} missed nothing since {since.isoformat()}"
+        _emit(args, r.to_json(), text)
+        return 0
+    return _run(args, go)

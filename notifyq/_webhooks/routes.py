@@ -37,7 +37,7 @@ from notifyq._webhooks.endpoints import (
     MAX_URL_LENGTH,
 )
 from notifyq._webhooks.rows import Message
-from notifyq._webhooks.service import WebhookMessage
+from notifyq._webhooks.service import MAX_REPLAY, WebhookMessage
 
 MESSAGE_ID = r"^[A-Za-z0-9_-]{1,64}$"
 Header = dict[Annotated[str, Field(max_length=MAX_HEADER_NAME_LEN)],
@@ -117,6 +117,12 @@ class RecoverIn(_In):
     since: AwareDatetime
 
 
+class ReplayIn(_In):
+    since: AwareDatetime
+    limit: Annotated[int, Field(ge=1, le=MAX_REPLAY)] = 10_000
+    dry_run: bool = Field(False, description="count what would be sent; change nothing")
+
+
 class MessageIn(_In):
     event_type: Annotated[Text, Field(min_length=1, max_length=MAX_EVENT_TYPE_LEN)]
     payload: dict[str, Any] | list[Any]
@@ -148,7 +154,8 @@ class ResendIn(_In):
 
 def _endpoint_field(message: str) -> str:
     head = message.split(":", 1)[0]
-    return head if head in ("url", "headers", "event_types", "secret", "grace_s") else "body"
+    return head if head in ("url", "headers", "event_types", "secret", "grace_s", "schema",
+                            "description", "endpoint", "limit") else "body"
 
 
 async def _answer(call: Callable[[], Awaitable[Any]]) -> Any:
@@ -184,10 +191,67 @@ async def _row_in(app: App, query: Any, key: Any, tenants: list[str]) -> bool:
         return await cur.fetchone() is not None
 
 
-def add_webhook_routes(router: APIRouter, app: App, read: list[Any],
-                       admin: list[Any]) -> None:
+def add_webhook_routes(router: APIRouter, app: App, read: list[Any], admin: list[Any],
+                       admin_all: list[Any]) -> None:
     _add_endpoint_routes(router, app, read, admin)
     _add_message_routes(router, app, read, admin)
+    _add_event_type_routes(router, app, read, admin_all)
+
+
+class EventTypeIn(_In):
+    description: Description = ""
+    schema_: dict[str, Any] | None = Field(
+        None, alias="schema", description="a JSON Schema (draft 2020-12) its payloads must "
+        "match; null: any JSON")
+
+
+class EventTypeOut(BaseModel):
+    name: str
+    description: str
+    schema_: dict[str, Any] | None = Field(alias="schema")
+    created_at: datetime
+    updated_at: datetime
+
+
+class EventTypeList(BaseModel):
+    items: list[EventTypeOut]
+
+
+EventTypeName = Annotated[str, PathParam(max_length=MAX_EVENT_TYPE_LEN)]
+
+
+def _add_event_type_routes(router: APIRouter, app: App, read: list[Any],
+                           admin_all: list[Any]) -> None:
+    auth = (401, 403)
+
+    @router.get("/webhooks/event-types", dependencies=read, response_model=EventTypeList,
+                responses=responses_for(*auth), tags=["webhooks"],
+                summary="The event-type catalog: each type's description and schema")
+    async def list_event_types(tenants: Tenants) -> Any:
+        del tenants  # one catalog for every tenant: what an application sends its customers
+        return {"items": [t.to_json() for t in await app.webhooks.event_types()]}
+
+    @router.put("/webhooks/event-types/{name}", dependencies=admin_all,
+                response_model=EventTypeOut, responses=responses_for(422, *auth),
+                tags=["webhooks"],
+                summary="Add an event type to the catalog, or change its description and "
+                        "schema (a token limited to tenants may not)")
+    async def define_event_type(name: EventTypeName, body: EventTypeIn) -> Any:
+        async def go() -> Any:
+            return (await app.webhooks.define_event_type(
+                name, description=body.description, schema=body.schema_)).to_json()
+        return await _answer(go)
+
+    @router.delete("/webhooks/event-types/{name}", dependencies=admin_all, status_code=204,
+                   response_model=None, response_class=Response,
+                   responses=responses_for(404, *auth), tags=["webhooks"],
+                   summary="Remove an event type from the catalog")
+    async def delete_event_type(name: EventTypeName) -> Response:
+        async def go() -> Any:
+            await app.webhooks.delete_event_type(name)
+            return Response(status_code=204)
+        answer: Response = await _answer(go)
+        return answer
 
 
 def _add_endpoint_routes(router: APIRouter, app: App, read: list[Any],
@@ -294,6 +358,18 @@ def _add_endpoint_routes(router: APIRouter, app: App, read: list[Any],
             return JSONResponse({"recovered": len(rows), "items": [
                 {"message_id": r["message_id"], "run_id": str(r["run_id"])} for r in rows]},
                 status_code=202)
+        return await _answer(go)
+
+    @router.post("/webhooks/endpoints/{id}/replay-missing", dependencies=admin, status_code=202,
+                 responses=responses_for(404, 422, *auth), tags=["webhooks"],
+                 summary="Send the endpoint the messages since a time that it never got "
+                         "(disabled, canceled, or subscribed later); dry_run counts them")
+    async def replay_missing(id: UUID, body: ReplayIn, tenants: Tenants) -> Any:
+        async def go() -> Any:
+            await _endpoint_in(app, id, tenants)
+            replayed = await app.webhooks.replay_missing(id, body.since, limit=body.limit,
+                                                         dry_run=body.dry_run)
+            return JSONResponse(replayed.to_json(), status_code=200 if body.dry_run else 202)
         return await _answer(go)
 
 

@@ -39,6 +39,10 @@ class DeliveryRow(TypedDict):
     created_at: datetime
     updated_at: datetime
     url: str
+    next_attempt_at: datetime | None
+    """A pending delivery's next attempt (None once it has started, or when not pending)."""
+    held_until: datetime | None
+    """While the endpoint's circuit is open, until when its pending deliveries wait."""
 
 
 class Delivery(DeliveryRow):

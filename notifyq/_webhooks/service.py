@@ -36,6 +36,7 @@ from notifyq._runtime import Runtime
 from notifyq._settings import WebhookSettings
 from notifyq._webhooks import endpoints as checks
 from notifyq._webhooks import headers as sealed
+from notifyq._webhooks.catalog import MAX_SCHEMA_BYTES, Catalog, EventType, check_schema
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.rows import (
     Attempt,
@@ -94,6 +95,23 @@ class WebhookMessage:
     idempotency_key: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """What :meth:`Webhooks.replay_missing` sent (or, in a dry run, would send): ``count``
+    messages, ``more`` when another call would find more, ``items`` each message's new run."""
+
+    count: int
+    more: bool
+    items: list[Recovered]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "more": self.more, "items": [
+            {"message_id": r["message_id"], "run_id": str(r["run_id"])} for r in self.items]}
+
+
+MAX_REPLAY = 100_000
+"""The most messages one replay_missing call sends."""
+
 SEND_MANY_CHUNK = 1000
 """Messages per statement of send_many (one transaction for all of them)."""
 
@@ -107,6 +125,7 @@ class Webhooks:
         self.header_column: EncryptedColumn = columns.register(
             f"{runtime.settings.schema_name}.{ENDPOINT_TABLE}", pk="id", column=sealed.COLUMN,
             builtin=True)
+        self._catalog = Catalog(self.event_types)
 
     @property
     def settings(self) -> WebhookSettings:
@@ -143,6 +162,8 @@ class Webhooks:
         url = checks.check_url(url, self.settings)
         headers = checks.check_headers(headers)
         event_types = checks.check_event_types(event_types)
+        await self._catalog.check_subscription(
+            event_types, allow_unknown=self.settings.allow_unknown_event_types)
         secret = self._secret(secret)
         async with self._conn(conn) as c, c.transaction():
             keyring = await self._keyring()
@@ -246,6 +267,8 @@ class Webhooks:
         the current filter)."""
         set_types = event_types is not ...
         types = checks.check_event_types(event_types) if isinstance(event_types, list) else None
+        await self._catalog.check_subscription(
+            types, allow_unknown=self.settings.allow_unknown_event_types)
         endpoint = _uuid(endpoint_id)
         params = {"id": endpoint, "now": self._now(),
                   "url": checks.check_url(url, self.settings) if url is not None else None,
@@ -329,6 +352,9 @@ class Webhooks:
         """Send ``payload`` (the exact JSON body, as PostgreSQL's jsonb prints it) to
         ``endpoint_id``, or to every enabled endpoint subscribed to ``event_type``: one
         ``webhook.deliver`` run each. With ``conn``, inside the caller's transaction."""
+        await self._catalog.check_messages(
+            [(event_type, payload)], allow_unknown=self.settings.allow_unknown_event_types,
+            numbered=False)
         params = {"event_type": event_type, "payload": _payload_text(payload),
                   "endpoint_id": _uuid(endpoint_id) if endpoint_id is not None else None,
                   "idempotency_key": idempotency_key}
@@ -352,6 +378,9 @@ class Webhooks:
         items = [m if isinstance(m, WebhookMessage) else WebhookMessage(*m) for m in messages]
         texts = [_payload_text(m.payload, where=f"message {n}: ")
                  for n, m in enumerate(items, 1)]
+        await self._catalog.check_messages(
+            [(m.event_type, m.payload) for m in items],
+            allow_unknown=self.settings.allow_unknown_event_types, numbered=True)
         sent: list[SentMessage] = []
         with translated_errors():
             async with self._conn(conn) as c, self._atomic(c):
@@ -384,6 +413,44 @@ class Webhooks:
             raise InvalidEnqueue(_renumbered(str(translated), first - 1)) from None
         return rows
 
+    # -- the event-type catalog ----------------------------------------------------------------
+
+    async def define_event_type(self, name: str, *, description: str = "",
+                                schema: dict[str, Any] | None = None,
+                                conn: AnyConn | None = None) -> EventType:
+        """Add ``name`` to the event-type catalog, or change its description and schema (a
+        JSON Schema, draft 2020-12, that payloads of this type must match; None: any JSON).
+        See :mod:`notifyq._webhooks.catalog` for what a non-empty catalog refuses."""
+        checks.check_event_types([name])
+        if len(description) > checks.MAX_DESCRIPTION_LEN:
+            raise InvalidEndpoint(f"description: at most {checks.MAX_DESCRIPTION_LEN} "
+                                  "characters")
+        schema = check_schema(name, schema)
+        if schema is not None and len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
+            raise InvalidEndpoint(f"schema: at most {MAX_SCHEMA_BYTES} bytes of JSON")
+        async with self._conn(conn) as c:
+            row = await self._one(c, self._rt.queries.webhook_event_type_upsert, {
+                "name": name, "description": description,
+                "schema": None if schema is None else Jsonb(schema), "now": self._now()})
+        assert row is not None  # noqa: S101 - INSERT ... RETURNING
+        self._catalog.forget()
+        return EventType(**row)
+
+    async def event_types(self, *, conn: AnyConn | None = None) -> list[EventType]:
+        """The event-type catalog, by name."""
+        async with self._conn(conn) as c:
+            rows = await self._all(c, self._rt.queries.webhook_event_type_list, {}, dict_row)
+        return [EventType(**r) for r in rows]
+
+    async def delete_event_type(self, name: str, *, conn: AnyConn | None = None) -> None:
+        """Remove ``name`` from the catalog (endpoints subscribed to it keep their list;
+        messages already sent are kept). WebhookNotFound if it is not there."""
+        async with self._conn(conn) as c:
+            row = await self._one(c, self._rt.queries.webhook_event_type_delete, {"name": name})
+        self._catalog.forget()
+        if row is None:
+            raise WebhookNotFound(f"no event type {name!r} in the catalog")
+
     @property
     def max_attempts(self) -> int:
         """The scheduled attempts a delivery gets: one per ``webhooks.retry_schedule_s`` entry
@@ -398,8 +465,8 @@ class Webhooks:
             found = await self._all(c, q.webhook_message_get, {"id": message_id}, message_row)
             if not found:
                 raise WebhookNotFound(f"no webhook message {message_id}")
-            deliveries = await self._all(c, q.webhook_delivery_list, {"message_id": message_id},
-                                         delivery_row)
+            deliveries = await self._all(c, q.webhook_delivery_list, {
+                "message_id": message_id, "now": self._now()}, delivery_row)
         return {**found[0], "deliveries": [{**d, "max_attempts": self.max_attempts}
                                            for d in deliveries]}
 
@@ -416,18 +483,24 @@ class Webhooks:
 
     async def list_messages(self, *, endpoint_id: UUID | str | None = None,
                             before: str | None = None, limit: int = 50,
-                            tenant_ids: list[str] | None = None,
+                            tenant_ids: list[str] | None = None, event_type: str | None = None,
+                            to_endpoint: UUID | str | None = None,
                             conn: AnyConn | None = None) -> list[dict[str, Any]]:
-        """Messages, newest first (``before``: the last id of the previous page); with
-        ``endpoint_id``, that endpoint's deliveries with their state. ``tenant_ids``: only
-        messages sent to an endpoint of those tenants (without ``endpoint_id``)."""
+        """Messages, newest first (``before``: the last id of the previous page), with their
+        deliveries counted (``failed``, and ``retrying``: pending after a failed attempt); with
+        ``endpoint_id``, that endpoint's deliveries with their state and next attempt instead.
+        Without ``endpoint_id``: ``tenant_ids``, only messages sent to an endpoint of those
+        tenants; ``event_type``, of that type; ``to_endpoint``, with a delivery to it."""
         q = self._rt.queries
         async with self._conn(conn) as c:
             if endpoint_id is None:
                 return await self._all(c, q.webhook_message_list, {
-                    "before": before, "limit": limit, "tenant_ids": tenant_ids}, dict_row)
+                    "before": before, "limit": limit, "tenant_ids": tenant_ids,
+                    "event_type": event_type,
+                    "to_endpoint": to_endpoint and _uuid(to_endpoint)}, dict_row)
             return await self._all(c, q.webhook_delivery_list_by_endpoint, {
-                "endpoint_id": _uuid(endpoint_id), "before": before, "limit": limit}, dict_row)
+                "endpoint_id": _uuid(endpoint_id), "before": before, "limit": limit,
+                "now": self._now()}, dict_row)
 
     async def health(self, *, endpoint_ids: list[UUID] | None = None,
                      window_s: float = HEALTH_WINDOW_S, limit: int = 1000,
@@ -471,6 +544,38 @@ class Webhooks:
             return await self._all(c, self._rt.queries.webhook_delivery_recover, {
                 "endpoint_id": endpoint.id, "since": since, "limit": limit,
                 "now": self._now()}, recovered_row)
+
+    async def replay_missing(self, endpoint_id: UUID | str, since: datetime, *,
+                             limit: int = 10_000, dry_run: bool = False,
+                             conn: AnyConn | None = None) -> Replayed:
+        """Send the endpoint the messages since ``since`` that it should have received and
+        never got: no delivery (it was disabled when they were sent, or subscribed to their
+        type later) or a canceled one (disabled while they waited). Each gets a delivery and a
+        fresh series of scheduled attempts, oldest message first, at most ``limit`` per call;
+        ``more`` says whether another call would find more. ``dry_run`` counts (up to
+        ``limit``) and changes nothing. The endpoint must be enabled. Safe to repeat and to run
+        beside sends: a message is never given a second delivery."""
+        if not 1 <= limit <= MAX_REPLAY:
+            raise InvalidEndpoint(f"limit: between 1 and {MAX_REPLAY}")
+        endpoint = await self.get_endpoint(endpoint_id, conn=conn)
+        if not endpoint.enabled:
+            raise InvalidEndpoint(f"endpoint: {endpoint.id} is disabled: enable it before "
+                                  "replaying what it missed")
+        q = self._rt.queries
+        params = {"endpoint_id": endpoint.id, "since": since, "now": self._now(),
+                  "from_id": f"msg_{max(0, int(since.timestamp() * 1000)):012x}"}
+        async with self._conn(conn) as c, self._atomic(c):
+            if dry_run:
+                row = await self._one(c, q.webhook_delivery_missing_count,
+                                      {**params, "limit": limit + 1})
+                assert row is not None  # noqa: S101 - an aggregate
+                return Replayed(min(row["missing"], limit), row["missing"] > limit, [])
+            await c.execute(q.webhook_delivery_replay_lock, {"endpoint_id": endpoint.id})
+            rows = await self._all(c, q.webhook_delivery_replay_missing,
+                                   {**params, "limit": limit}, recovered_row)
+            left = await self._one(c, q.webhook_delivery_missing_count, {**params, "limit": 1})
+        assert left is not None  # noqa: S101 - an aggregate
+        return Replayed(len(rows), left["missing"] > 0, rows)
 
 
 def _payload_text(payload: Any, *, where: str = "") -> str:

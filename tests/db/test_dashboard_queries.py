@@ -16,6 +16,7 @@ from tests.db.helpers import LIST_FILTERS, Conn, claim, enqueue, finish
 from tests.db.test_webhook_queries import _attempt, _endpoint, _record_many, _send
 
 FILTER = dict(LIST_FILTERS)
+NO_MESSAGE_FILTER = {"tenant_ids": None, "event_type": None, "to_endpoint": None}
 
 
 def _runs(db: Conn, q: Queries, n: int, job_type: str = "t.a") -> list[UUID]:
@@ -135,7 +136,7 @@ def test_the_type_overview_counts_live_runs_by_state_and_the_last_hours_finished
          "canceled_last_hour": 0}]
 
 
-def test_the_list_filter_tells_runs_due_now_from_later_and_retried_from_new(
+def test_the_list_filter_tells_retried_runs_from_new_ones(
         db: Conn, q: Queries) -> None:
     due = _runs(db, q, 1)[0]
     later = enqueue(db, q, "t.a", {}, run_at=T0 + timedelta(hours=1), allow_unknown_type=True)
@@ -145,10 +146,10 @@ def test_the_list_filter_tells_runs_due_now_from_later_and_retried_from_new(
     def listed(**filters: Any) -> set[UUID]:
         rows = db.execute(q.job_run_list, {**FILTER, "now": T0, "limit": 10, **filters})
         return {r["id"] for r in rows.fetchall()}
-    assert listed(due=True) == {due}
-    assert listed(due=False, retried=False) == {later["id"]}
-    assert listed(due=False, retried=True) == {retry["id"]}
-    params = {**FILTER, "now": T0, "due": False, "statuses": ["pending"]}
+    assert listed(due="now") == {due}
+    assert listed(due="later", retried=False) == {later["id"]}
+    assert listed(due="later", retried=True) == {retry["id"]}
+    params = {**FILTER, "now": T0, "due": "later", "statuses": ["pending"]}
     assert db.execute(q.job_run_count, {**params, "cap": 10}).fetchone() == {"n": 2}
     assert len(db.execute(q.job_run_list_ids, {**params, "limit": 10}).fetchall()) == 2
 
@@ -207,17 +208,58 @@ def test_messages_list_newest_first_overall_and_per_endpoint(db: Conn, q: Querie
     first, second = _endpoint(db, q), _endpoint(db, q)
     sent = [_send(db, q, endpoint_id=first)["message_id"] for _ in range(3)]
     other = _send(db, q, endpoint_id=second)["message_id"]
-    everything = db.execute(q.webhook_message_list, {"tenant_ids": None,
+    everything = db.execute(q.webhook_message_list, {**NO_MESSAGE_FILTER,
                                                      "before": None, "limit": 10}).fetchall()
     assert [m["id"] for m in everything] == [other, *reversed(sent)]
     assert everything[0]["deliveries"] == 1
-    page = db.execute(q.webhook_message_list, {"tenant_ids": None,
+    page = db.execute(q.webhook_message_list, {**NO_MESSAGE_FILTER,
                                                "before": other, "limit": 2}).fetchall()
     assert [m["id"] for m in page] == [sent[2], sent[1]]
     mine = db.execute(q.webhook_delivery_list_by_endpoint, {
-        "endpoint_id": first, "before": None, "limit": 10}).fetchall()
+        "endpoint_id": first, "before": None, "limit": 10, "now": None}).fetchall()
     assert [m["id"] for m in mine] == list(reversed(sent))
     assert {m["status"] for m in mine} == {"pending"}
+
+
+def _messages(db: Conn, q: Queries, **filters: Any) -> list[dict[str, Any]]:
+    return db.execute(q.webhook_message_list, {
+        **NO_MESSAGE_FILTER, "before": None, "limit": 10, **filters}).fetchall()
+
+
+def test_message_lists_count_retrying_deliveries_and_filter_by_event_type_and_endpoint(
+        db: Conn, q: Queries) -> None:
+    first, second = _endpoint(db, q), _endpoint(db, q)
+    retried = _send(db, q, "order.created", endpoint_id=first)["message_id"]
+    other = _send(db, q, "invoice.paid", endpoint_id=second)["message_id"]
+    _record_many(db, q, [_attempt(retried, first, succeeded=False, status="pending")], T0)
+    counts = {m["id"]: (m["failed"], m["retrying"]) for m in _messages(db, q)}
+    assert counts == {retried: (0, 1), other: (0, 0)}  # a 500 being retried is not "failed"
+    assert [m["id"] for m in _messages(db, q, event_type="invoice.paid")] == [other]
+    assert [m["id"] for m in _messages(db, q, to_endpoint=first)] == [retried]
+    assert _messages(db, q, event_type="invoice.paid", to_endpoint=first) == []
+
+
+def test_pending_deliveries_have_their_next_attempt_and_are_held_while_the_circuit_is_open(
+        db: Conn, q: Queries) -> None:
+    endpoint = _endpoint(db, q)
+    message = _send(db, q, endpoint_id=endpoint)["message_id"]
+    run_at = db.execute("SELECT run_at FROM notifyq.job_run").fetchone()
+    assert run_at is not None
+
+    def next_and_held(now: Any) -> list[tuple[Any, Any]]:
+        listed = db.execute(q.webhook_delivery_list, {"message_id": message, "now": now})
+        by_endpoint = db.execute(q.webhook_delivery_list_by_endpoint, {
+            "endpoint_id": endpoint, "before": None, "limit": 10, "now": now})
+        return [(r["next_attempt_at"], r["held_until"])
+                for r in [*listed.fetchall(), *by_endpoint.fetchall()]]
+
+    assert next_and_held(T0) == [(run_at["run_at"], None)] * 2
+    db.execute("UPDATE notifyq.webhook_endpoint SET circuit_open_until = %s",
+               (T0 + timedelta(seconds=60),))
+    assert next_and_held(T0) == [(run_at["run_at"], T0 + timedelta(seconds=60))] * 2
+    assert next_and_held(T0 + timedelta(seconds=61)) == [(run_at["run_at"], None)] * 2
+    db.execute("UPDATE notifyq.job_run SET status = 'running'")
+    assert next_and_held(T0) == [(None, None)] * 2  # an attempt is under way
 
 
 def test_read_no_jit_switches_jit_off_for_the_transaction_only(db: Conn, q: Queries) -> None:

@@ -795,6 +795,24 @@ def test_job_run_list_filters_by_status_type_pool_and_tag(db: Conn, q: Queries) 
     assert _list(db, q, status="pending", pool="p2") == []
 
 
+def test_job_run_list_filters_by_statuses_due_time_and_finish_time(db: Conn,
+                                                                   q: Queries) -> None:
+    due = enqueue(db, q, run_at=T0 - seconds(1))
+    later = enqueue(db, q, run_at=T0 + seconds(60))
+    recent, old = enqueue(db, q, run_at=T0), enqueue(db, q, run_at=T0)
+    db.execute("UPDATE notifyq.job_run SET status = 'failed', finished_at = %s WHERE id = %s",
+               (T0 - seconds(3599), recent["id"]))
+    db.execute("UPDATE notifyq.job_run SET status = 'timed_out', finished_at = %s "
+               "WHERE id = %s", (T0 - seconds(3601), old["id"]))
+    at = {"now": T0}
+    assert {r["id"] for r in _list(db, q, status="pending", due="now", **at)} == {due["id"]}
+    assert {r["id"] for r in _list(db, q, status="pending", due="later", **at)} == {later["id"]}
+    failed = _list(db, q, status_in=["failed", "timed_out"], **at)
+    assert {r["id"] for r in failed} == {recent["id"], old["id"]}
+    assert {r["id"] for r in _list(db, q, status_in=["failed", "timed_out"],
+                                   finished_within_s=3600, **at)} == {recent["id"]}
+
+
 def test_job_run_list_finds_a_run_by_how_its_id_ends(db: Conn, q: Queries) -> None:
     with db.transaction():  # one millisecond: the ids share their start
         ids = [enqueue(db, q, input={"i": i})["id"] for i in range(5)]

@@ -97,8 +97,9 @@ def test_endpoints_and_messages_belong_to_the_tenant_of_their_endpoint(db: Conn,
     assert not found(q.webhook_message_in_tenants, to_a, ["b"])
     assert not found(q.webhook_message_in_tenants, fanned_out, ["a"])
     assert found(q.webhook_message_in_tenants, fanned_out, None)
-    messages = db.execute(q.webhook_message_list, {"before": None, "limit": 10,
-                                                   "tenant_ids": ["a"]}).fetchall()
+    messages = db.execute(q.webhook_message_list, {
+        "before": None, "limit": 10, "tenant_ids": ["a"], "event_type": None,
+        "to_endpoint": None}).fetchall()
     assert [m["id"] for m in messages] == [to_a]
 
 

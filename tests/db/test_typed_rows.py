@@ -26,7 +26,8 @@ ANY_ID = uuid.UUID(int=1)
 TYPED = [
     ("job_step_list", {"run_id": ANY_ID}, set(StepRow.__annotations__)),
     ("webhook_message_get", {"id": "m"}, set(MessageRow.__annotations__)),
-    ("webhook_delivery_list", {"message_id": "m"}, set(DeliveryRow.__annotations__)),
+    ("webhook_delivery_list", {"message_id": "m", "now": None},
+     set(DeliveryRow.__annotations__)),
     ("webhook_attempt_list", {"message_id": "m", "limit": 1}, set(AttemptRow.__annotations__)),
     ("webhook_delivery_resend", {"message_id": "m", "endpoint_id": None},
      set(Resent.__annotations__)),

@@ -6,7 +6,7 @@ from typing import Any
 
 from notifyq._db.queries import Queries
 from tests.db.conftest import T0
-from tests.db.helpers import Conn, seconds
+from tests.db.helpers import DEFINITION, Conn, seconds
 
 
 def _params(worker_id: str, now: Any, **over: Any) -> dict[str, Any]:
@@ -29,13 +29,12 @@ def test_a_registered_worker_is_listed_until_its_registration_expires(db: Conn,
     assert _listed(db, q, T0 + seconds(31)) == []
 
 
-def test_a_heartbeat_renews_and_reports_what_runs(db: Conn, q: Queries) -> None:
+def test_a_heartbeat_renews_the_registration(db: Conn, q: Queries) -> None:
     db.execute(q.worker_register, _params("a", T0))
     renewed = db.execute(q.worker_heartbeat, _params("a", T0 + seconds(20), running=4))
     assert renewed.fetchall() == [{"id": "a"}]
     [row] = db.execute(q.worker_list, {"now": T0 + seconds(45)}).fetchall()
-    assert (row["running"], row["heartbeat_at"], row["started_at"]) == (
-        4, T0 + seconds(20), T0)
+    assert (row["heartbeat_at"], row["started_at"]) == (T0 + seconds(20), T0)
 
 
 def test_a_heartbeat_of_an_unknown_worker_returns_nothing_and_registering_again_works(
@@ -44,7 +43,18 @@ def test_a_heartbeat_of_an_unknown_worker_returns_nothing_and_registering_again_
     db.execute(q.worker_register, _params("gone", T0))
     db.execute(q.worker_register, _params("gone", T0 + seconds(5), running=2))  # no conflict
     [row] = db.execute(q.worker_list, {"now": T0 + seconds(6)}).fetchall()
-    assert (row["running"], row["started_at"]) == (2, T0)
+    assert row["started_at"] == T0
+
+
+def test_the_list_counts_the_runs_each_worker_holds_now_not_at_its_heartbeat(
+        db: Conn, q: Queries) -> None:
+    db.execute(q.worker_register, _params("a", T0, running=7))
+    db.execute(q.worker_register, _params("b", T0))
+    db.execute("INSERT INTO notifyq.job_run (job_type, input, status, leased_by) "
+               "SELECT 't', '{}', s, w FROM (VALUES ('running', 'a'), ('running', 'a'), "
+               "('running', 'c'), ('pending', NULL), ('completed', 'b')) AS v(s, w)")
+    rows = db.execute(q.worker_list, {"now": T0 + seconds(1)}).fetchall()
+    assert [(r["id"], r["running"]) for r in rows] == [("a", 2), ("b", 0)]
 
 
 def test_leave_and_reap_remove_rows(db: Conn, q: Queries) -> None:
@@ -70,3 +80,13 @@ def test_the_completers_session_plans_its_statements_once(db: Conn, q: Queries) 
     assert db.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
                       "WHERE name = 'nq_t'").fetchone() == {"generic_plans": 3,
                                                             "custom_plans": 0}
+
+
+def test_job_pool_list_names_the_pools_of_job_types_and_of_live_workers(
+        db: Conn, q: Queries) -> None:
+    db.execute(q.job_upsert, {**DEFINITION, "type": "mail.send", "pool": "mail"})
+    db.execute(q.job_upsert, {**DEFINITION, "type": "mail.bulk", "pool": "mail"})
+    db.execute(q.worker_register, _params("a", T0, pools=["default", "sms"]))
+    db.execute(q.worker_register, _params("b", T0 - seconds(60), pools=["gone"]))
+    rows = db.execute(q.job_pool_list, {"now": T0}).fetchall()
+    assert [r["pool"] for r in rows] == ["default", "mail", "sms"]  # b's lease has run out

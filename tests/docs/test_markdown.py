@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from tests.docs.markdown import MarkdownError, parse
 from tests.support import ROOT
+from tests.ui.conftest import CHROMIUM
 
 
 def _doc(tmp_path: Path, text: str) -> Path:
@@ -64,3 +66,14 @@ def test_a_covered_block_names_a_file_of_the_repo_and_does_not_run(tmp_path: Pat
     [block] = parse(_doc(tmp_path, '<!-- example: covered-by=".ci/run (wheel job)" -->\n'
                                    "```sh\npip install .\n```\n"), ROOT).blocks
     assert block.runner is None
+
+
+def test_the_readmes_test_section_names_every_program_the_tests_look_for() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Running the tests", 1)[1].split("\n## ", 1)[0]
+    looked_for = {name for path in (ROOT / "tests").rglob("*.py")
+                  for name in re.findall(r'shutil\.which\("([\w.-]+)"\)', path.read_text())}
+    programs = looked_for | {Path(CHROMIUM).name}
+    assert programs >= {"pg_dump", "curl", "pgbouncer", "chromium"}  # the search still works
+    missing = sorted(p for p in programs if p not in section.lower())
+    assert missing == [], f"README.md's 'Running the tests' does not name {missing}"

@@ -14,12 +14,15 @@ from typing import Any
 import psycopg
 import pytest
 
+import notifyq as notifyq_package
 from notifyq._bench import SECTIONS
 from tests.apps.ledger import LEDGER_DDL
 from tests.conftest import ADMIN_DSN
 from tests.support import ROOT
 
 RUN_TIMEOUT_S = 60
+CONSOLE_SCRIPT = "import sys; from notifyq._cli.main import main; sys.exit(main())"
+"""What the ``notifyq`` console script runs (pyproject.toml's [project.scripts])."""
 
 
 def notifyq(dsn: str, *args: str, stdin: str | None = None,
@@ -126,6 +129,16 @@ def test_enqueue_refuses_a_bad_value_in_one_line_and_writes_nothing(
 def test_enqueue_refuses_an_invalid_job_type(dsn: str, sql: psycopg.Connection[Any]) -> None:
     assert "invalid job type 'Bad Type'" in fails(dsn, "enqueue", "Bad Type")
     assert rows(sql) == []
+
+
+def test_version_prints_the_installed_version_and_exits_0() -> None:
+    for command in (["-m", "notifyq", "--version"], ["-c", CONSOLE_SCRIPT, "--version"]):
+        result = subprocess.run([sys.executable, *command], env={**os.environ,
+                                "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                                timeout=RUN_TIMEOUT_S, check=False)
+
+        assert (result.returncode, result.stdout, result.stderr) == (
+            0, f"notifyq {notifyq_package.__version__}\n", ""), command
 
 
 def test_a_usage_error_is_one_line_with_exit_code_2(dsn: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from notifyq._db.dsn import URL_FILE
 from tests.integration.serving import Served
 from tests.support import ROOT, wait_until, worker_log_dir
 
@@ -107,6 +109,100 @@ def test_a_quick_start_without_a_token_keeps_the_generated_one_beside_the_data_d
             assert http.get("/v1/stats").status_code == 200
         assert server.terminate() == 0, server.log()
     wait_until(lambda: _gone(data_dir), timeout=20)
+
+
+SECOND_TERMINAL_APP = """
+import asyncio
+from notifyq import App
+
+async def main() -> None:
+    async with App() as app:  # no DSN, no NOTIFYQ_DATABASE_URL
+        run = await app.enqueue("svc.echo", {"from": "App()"})
+        print(await app.wait(run.id, timeout=30))
+
+asyncio.run(main())
+"""
+
+
+def _second_terminal(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A command in another shell of the same user: the same settings, no database URL."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFYQ_")}
+    env |= {"PYTHONPATH": str(ROOT), "NOTIFYQ_EMBEDDED__DATA_DIR": str(data_dir)}
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
+                          timeout=60, check=False, cwd="/")
+
+
+@needs_extra
+def test_a_second_terminal_finds_the_embedded_postgres_that_serve_runs(data_dir: Path) -> None:
+    env = {"NOTIFYQ_EMBEDDED__DATA_DIR": str(data_dir)}
+    with worker_log_dir() as logs, Served(None, logs / "serve.log", env=env,
+                                          wait=False) as server:
+        server.wait_healthy(timeout=90)
+
+        enqueued = _second_terminal(data_dir, "-m", "notifyq", "enqueue", "svc.echo",
+                                    "--input", '{"from": "cli"}')
+        assert enqueued.returncode == 0, enqueued.stderr
+        run_id = enqueued.stdout.strip()
+        with server.client() as http:
+            wait_until(lambda: _status(http, run_id, "completed"), timeout=20)
+        listed = _second_terminal(data_dir, "-m", "notifyq", "runs", "list")
+        assert listed.returncode == 0, listed.stderr
+        assert run_id in listed.stdout
+        waited = _second_terminal(data_dir, "-c", SECOND_TERMINAL_APP)
+        assert (waited.returncode, waited.stdout) == (0, "{'from': 'App()'}\n"), waited.stderr
+        assert server.terminate() == 0, server.log()
+    wait_until(lambda: _gone(data_dir), timeout=20)
+
+    # Stopped: no URL left behind, and each command says in one line what to do.
+    assert not (data_dir / URL_FILE).exists()
+    _no_server_says_what_to_export(data_dir)
+
+
+@needs_extra
+@pytest.mark.skipif(os.geteuid() != 0, reason="what notifyq says as root only")
+def test_as_root_the_data_directory_flag_is_used_and_named_before_it_is_created(
+        data_dir: Path) -> None:
+    existed = _user_exists("pgserver")
+    migrated = _second_terminal(data_dir.parent, "-m", "notifyq", "migrate",
+                                "--data-dir", str(data_dir))  # the env's data dir is another
+    assert migrated.returncode == 0, migrated.stderr
+    lines = migrated.stderr.splitlines()
+    user = "user pgserver" if existed else (
+        "a new login user pgserver (created now with useradd)")
+    said = [i for i, line in enumerate(lines) if "running as root: the embedded PostgreSQL "
+            f"runs as {user}, with a new data directory {data_dir}; choose another "
+            "directory with --data-dir (NOTIFYQ_EMBEDDED__DATA_DIR)" in line]
+    started = lines.index(f"notifyq: started embedded PostgreSQL in {data_dir}")
+    assert said, migrated.stderr
+    assert said[0] < started, migrated.stderr
+    assert (data_dir / "PG_VERSION").is_file()
+    wait_until(lambda: _gone(data_dir), timeout=20)
+
+
+def test_with_no_database_url_and_no_embedded_server_a_command_says_what_to_export(
+        data_dir: Path) -> None:
+    _no_server_says_what_to_export(data_dir)
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _no_server_says_what_to_export(data_dir: Path) -> None:
+    expected = (f"no database configured and no embedded PostgreSQL running in {data_dir}: "
+                "start `notifyq serve` (it runs one), or export NOTIFYQ_DATABASE_URL="
+                "postgresql://user@127.0.0.1:5432/app (with your user, host and database)")
+    for args in (["enqueue", "svc.echo"], ["runs", "list"]):
+        result = _second_terminal(data_dir, "-m", "notifyq", *args)
+        assert (result.returncode, result.stdout) == (1, ""), result.stderr
+        assert result.stderr.splitlines() == [f"notifyq: error: {expected}"], args
+    in_python = _second_terminal(data_dir, "-c", SECOND_TERMINAL_APP)
+    assert in_python.returncode == 1
+    assert f"ConfigError: {expected}" in in_python.stderr.splitlines()[-1]
 
 
 def _status(http: httpx.Client, run_id: str, status: str) -> None:

@@ -140,3 +140,40 @@ def test_the_api_lists_pauses_and_resumes_schedules_by_name(dsn: str, sql: Conn,
         with served.client(READER) as reader:
             assert reader.post(f"{path}/pause").status_code == 403
             assert reader.get("/v1/schedules").status_code == 200
+
+
+@pytest.mark.timeout(120)
+def test_a_schedule_is_triggered_now_over_http_and_from_the_cli(dsn: str, sql: Conn,
+                                                                 logs: Path) -> None:
+    with Served(dsn, logs / "serve.log", args=["--app", APP]) as served, served.client() as http:
+        path = f"/v1/schedules/{quote(OFFICE, safe='')}"
+        assert http.post(f"{path}/pause").status_code == 200  # a trigger is deliberate: it runs
+        last_tick = scalar(sql, "SELECT last_tick_at FROM notifyq.periodic_schedule "
+                                "WHERE name = %s", (OFFICE,))
+        triggered = http.post(f"{path}/trigger")
+        assert triggered.status_code == 201, triggered.text
+        assert triggered.json()["name"] == OFFICE
+        run = sql.execute("SELECT job_type, input, trigger_source, trigger_ref, "
+                          "run_at <= now() FROM notifyq.job_run WHERE id = %s",
+                          (triggered.json()["run_id"],)).fetchone()
+        assert run == ("sched.office", {}, "schedule", OFFICE, True)
+        assert scalar(sql, "SELECT last_tick_at FROM notifyq.periodic_schedule WHERE name = %s",
+                      (OFFICE,)) == last_tick  # outside the cadence: no tick claimed
+
+        from_cli = ok(dsn, "schedules", "trigger", OFFICE).strip()
+        assert scalar(sql, "SELECT trigger_ref FROM notifyq.job_run WHERE id = %s",
+                      (from_cli,)) == OFFICE
+        assert "no periodic schedule named 'nope'" in fails(dsn, "schedules", "trigger", "nope")
+        assert http.post("/v1/schedules/nope/trigger").status_code == 404
+        # A row an older notifyq registered has no input: refused, nothing enqueued.
+        sql.execute("INSERT INTO notifyq.periodic_schedule (name, job_type, every_ms) "
+                    "VALUES ('legacy', 'sched.fast', 60000)")
+        before = scalar(sql, "SELECT count(*) FROM notifyq.job_run")
+        legacy = http.post("/v1/schedules/legacy/trigger")
+        assert legacy.status_code == 409
+        assert "registered by an older notifyq" in legacy.json()["detail"]
+        assert scalar(sql, "SELECT count(*) FROM notifyq.job_run WHERE trigger_ref = "
+                           "'legacy'") == 0
+        assert scalar(sql, "SELECT count(*) FROM notifyq.job_run") >= before
+        with served.client(READER) as reader:
+            assert reader.post(f"{path}/trigger").status_code == 403

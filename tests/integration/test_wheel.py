@@ -129,6 +129,9 @@ def test_the_installed_wheel_imports_everything_and_migrates_from_outside_the_re
     module_file, sql_dir = located.stdout.split()
     assert Path(module_file).is_relative_to(installed.venv)  # not the checkout
     assert Path(sql_dir) == Path(module_file).parent / "_sql"
+    version = _run([installed.bin("python"), "-c", "import notifyq; print(notifyq.__version__)"],
+                   cwd=installed.elsewhere, env=env).stdout.strip()
+    assert installed.notifyq("--version", env=env) == f"notifyq {version}\n"
     # Every module imports with the declared dependencies alone (httpx was test-only once).
     _run([installed.bin("python"), "-c",
           "import importlib, pkgutil, notifyq\n"

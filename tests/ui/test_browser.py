@@ -111,6 +111,7 @@ def test_an_endpoint_is_disabled_from_the_dashboard(browser: Any, served: Served
     _shot(page, screenshots, "webhooks")
     page.get_by_role("link", name="http://127.0.0.1:9/hook").click()
     page.get_by_role("button", name="Disable").click()
+    page.get_by_role("button", name="Disable and cancel pending deliveries").click()
     assert "disabled" in page.locator("#endpoint-state").inner_text()
     assert page.get_by_role("button", name="Enable").is_visible()
     _shot(page, screenshots, "webhook-endpoint")

@@ -247,8 +247,8 @@ def test_the_overview_shows_pools_leader_and_the_live_workers(served: Served, sq
     _failed_run(served, sql)
     _later(sql, 3)
     panels = wait_until(lambda: _leading(admin.get("/ui/overview/panels").text), timeout=10)
-    worker = re.search(r'<td class="mono">([^<]+)</td><td>default[^<]*</td><td class="num">\d+</td>'
-                       r'<td class="num">(\d+)</td>', panels)
+    worker = re.search(r'<td class="mono">([^<]+)</td><td>default[^<]*</td><td class="num">'
+                       r'<a [^>]+>\d+</a></td><td class="num">(\d+)</td>', panels)
     assert worker is not None, panels
     assert scalar(sql, "SELECT concurrency FROM notifyq.worker WHERE id = %s",
                   (worker[1],)) == int(worker[2])
@@ -297,15 +297,20 @@ def test_webhook_pages_show_health_and_act(served: Served, sql: Conn, admin: Das
     resent = admin.post(f"/ui/webhooks/messages/{message['id']}/resend",
                         {"endpoint_id": endpoint["id"]})
     assert resent.status_code == 303
-    disabled = admin.post(f"/ui/webhooks/endpoints/{endpoint['id']}/disable")
+    asked = admin.post(f"/ui/webhooks/endpoints/{endpoint['id']}/disable")
+    assert "pending deliveries are canceled" in asked.text
+    disabled = admin.post(f"/ui/webhooks/endpoints/{endpoint['id']}/disable", {"confirm": "yes"})
     assert disabled.status_code == 303
     assert "disabled" in admin.get(disabled.headers["location"]).text
     rotated = admin.post(f"/ui/webhooks/endpoints/{endpoint['id']}/rotate")
-    assert rotated.status_code == 200
-    secret = re.search(r'id="new-secret">(whsec_[^<]+)<', rotated.text)
+    assert rotated.status_code == 303
+    assert reader.get(rotated.headers["location"]).text.count("whsec_") == 0  # not theirs
+    shown = admin.get(rotated.headers["location"])
+    secret = re.search(r'id="new-secret">(whsec_[^<]+)<', shown.text)
     assert secret is not None
-    assert rotated.headers["cache-control"] == "no-store"
-    assert secret[1] not in admin.get(f"/ui/webhooks/endpoints/{endpoint['id']}").text
+    assert shown.headers["cache-control"] == "no-store"
+    assert secret[1] not in admin.get(rotated.headers["location"]).text
+    assert secret[1] not in (served.log_path.read_text())
     assert reader.post(f"/ui/webhooks/endpoints/{endpoint['id']}/enable").status_code == 403
 
 
@@ -435,7 +440,10 @@ def test_the_overview_pauses_and_resumes_a_pool_for_admins_only(served: Served, 
     _later(sql, 2)
     panels = admin.get("/ui/overview/panels").text
     assert 'action="/ui/pools/default/pause"' in panels
-    assert admin.post("/ui/pools/default/pause").status_code == 303
+    asked = admin.post("/ui/pools/default/pause")
+    assert (asked.status_code, "Pause pool default?" in asked.text) == (200, True)
+    assert scalar(sql, "SELECT count(*) FROM notifyq.pause") == 0  # asked first
+    assert admin.post("/ui/pools/default/pause", {"confirm": "yes"}).status_code == 303
     assert scalar(sql, "SELECT reason FROM notifyq.pause WHERE kind = 'pool' "
                        "AND name = 'default'") == "paused from the dashboard"
     panels = admin.get("/ui/overview/panels").text
@@ -455,3 +463,12 @@ def test_the_overview_pauses_and_resumes_a_pool_for_admins_only(served: Served, 
     assert admin.post("/ui/pools/default/resume").status_code == 303
     assert scalar(sql, "SELECT count(*) FROM notifyq.pause") == 0
     assert 'action="/ui/pools/default/pause"' in admin.get("/ui/overview/panels").text
+
+
+def test_the_footer_and_the_first_line_serve_logs_show_the_version(served: Served,
+                                                                   admin: Dashboard) -> None:
+    for path in ("/ui/", "/ui/runs", "/ui/keys"):
+        page = admin.get(path)
+        assert f'<span id="version">{notifyq.__version__}</span>' in page.text, path
+    first_line = served.log_path.read_text().splitlines()[0]
+    assert f"notifyq {notifyq.__version__} serve starting" in first_line

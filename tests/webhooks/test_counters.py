@@ -96,10 +96,11 @@ def test_a_failing_delivery_counts_its_attempts_against_the_schedule_and_a_resen
 def test_every_webhooks_command_that_changes_something_says_what_it_did_in_one_line(
         dsn: str, receiver: Receiver) -> None:
     added = _cli(dsn, "webhooks", "endpoints", "add", receiver.url(), "--event-type", "a.b")
-    endpoint_id, secret = added.stdout.splitlines()
+    endpoint_id = added.stdout.strip()
+    assert added.stdout == f"{endpoint_id}\n"  # alone: ID=$(notifyq webhooks endpoints add ...)
+    said, secret = added.stderr.splitlines()
+    assert said == f"created endpoint {endpoint_id} for {receiver.url()} (event types a.b, enabled)"
     assert secret.startswith("secret (shown once, store it now): whsec_")
-    assert added.stderr == (f"created endpoint {endpoint_id} for {receiver.url()} "
-                            "(event types a.b, enabled)\n")
 
     disabled = _cli(dsn, "webhooks", "endpoints", "disable", endpoint_id, "--reason", "upgrade")
     assert disabled.stdout == (f"disabled endpoint {endpoint_id} ({receiver.url()}): upgrade; "

@@ -23,9 +23,18 @@
     }
   }
 
+  // A <details class="fold"> is open on wide screens and folded on a phone (its summary
+  // shows only there, see app.css), so what it holds does not push the content off screen.
+  const phone = window.matchMedia("(max-width: 600px)");
+  function fold() {
+    for (const el of document.querySelectorAll("details.fold")) el.open = !phone.matches;
+  }
+  phone.addEventListener("change", fold);
+
   document.addEventListener("DOMContentLoaded", function () {
     refreshTimes(document);
     setInterval(refreshTimes, 5000);
+    fold();
   });
 
   document.addEventListener("htmx:configRequest", function (event) {
