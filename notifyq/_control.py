@@ -18,12 +18,12 @@ from psycopg.types.json import Jsonb
 from notifyq._clock import Clock
 from notifyq._db.pool import AsyncConn
 from notifyq._db.queries import Queries
-from notifyq._db.rows import run_row, typed_dict_row
+from notifyq._db.rows import picked_row, run_row, typed_dict_row
 from notifyq._errors import InvalidTransition, RunNotFound, UnknownStep
 from notifyq._limits import MAX_PAGE, RUN_AT_RANGE
 from notifyq._notifier import cancel_payload, wake_payload
 from notifyq._pause import Pause, PauseControl
-from notifyq._run import Run, RunStatus
+from notifyq._run import RUN_FIELDS, RUN_STATUSES, Run, RunStatus
 
 
 class StepRow(TypedDict):
@@ -145,7 +145,22 @@ the answer, and the same request again goes on. The CLI goes on by itself."""
 COUNT_CAP = BULK_MAX
 """A count stops here: one confirmation changes at most this many anyway, and counting the
 rest of a broad filter would read the whole table."""
+RUN_STATES: dict[str, dict[str, Any]] = {
+    "pending": {"status": "pending", "due": "now"},
+    "scheduled": {"status": "pending", "due": "later", "retried": False},
+    "retrying": {"status": "pending", "due": "later", "retried": True},
+    "running": {"status": "running"},
+    "waiting": {"status": "waiting"},
+    "failed": {"status": "failed"},
+    "timed_out": {"status": "timed_out"},
+    "completed": {"status": "completed"},
+    "canceled": {"status": "canceled"},
+}
+"""The dashboard's states of a run, as :class:`RunFilter` fields: the statuses, with pending
+split into runnable now (``pending``), due later (``scheduled``) and due later after a failed
+attempt (``retrying``: its backoff). Each run is in exactly one."""
 _HEX = re.compile(r"^[0-9a-f]{1,32}$")
+_SUFFIX = re.compile(r"^[0-9a-f]{1,12}$")
 _NO_WAIT_DEADLINE = 2900  # durable waits without a deadline run_at 2999-12-31
 
 
@@ -153,7 +168,10 @@ _NO_WAIT_DEADLINE = 2900  # durable waits without a deadline run_at 2999-12-31
 class RunFilter:
     """Which runs a listing, a count or a bulk action is about. ``created_after`` /
     ``created_before`` and ``id_prefix`` (hex digits, dashes ignored) bound the id: run ids are
-    UUIDv7, so each is a range of the primary key."""
+    UUIDv7, so each is a range of the primary key. ``id_suffix`` (up to 12 hex digits) is how
+    the id ends: its random part, what tells apart the runs of one millisecond (the dashboard's
+    short id). It is checked on each run of the id range: give a time range or a prefix with
+    it on a large table."""
 
     status: str | None = None
     job_type: str | None = None
@@ -179,6 +197,9 @@ class RunFilter:
     """Only runs finished in the last this many seconds."""
     leased_by: str | None = None
     """Only runs leased by this worker (its id): with ``status`` running, those it holds."""
+    id_suffix: str | None = None
+    retried: bool | None = None
+    """Only runs tried before (True: ``attempts > 0``) or never tried (False)."""
 
     def __post_init__(self) -> None:
         for status in (self.status, *(self.status_in or ())):
@@ -191,6 +212,9 @@ class RunFilter:
         if self.id_prefix is not None and not _HEX.fullmatch(self.hex_prefix):
             raise ValueError(f"id prefix {self.id_prefix!r} must be 1 to 32 hex digits "
                              "(dashes allowed)")
+        if self.id_suffix is not None and not _SUFFIX.fullmatch(self.id_suffix.lower()):
+            raise ValueError(f"id end {self.id_suffix!r} must be 1 to 12 hex digits (the last "
+                             "part of an id)")
 
     @property
     def hex_prefix(self) -> str:
@@ -210,10 +234,11 @@ class RunFilter:
         lows = [u for u in low if u is not None]
         highs = [u for u in high if u is not None]
         columns = {k: v for k, v in asdict(self).items()
-                   if k not in ("created_after", "created_before", "id_prefix")}
+                   if k not in ("created_after", "created_before", "id_prefix", "id_suffix")}
         return {**columns, "status_in": list(self.status_in) if self.status_in else None,
                 "now": now, "min_id": max(lows, default=None),
-                "before_id": min(highs, default=None)}
+                "before_id": min(highs, default=None),
+                "id_suffix": self.id_suffix and self.id_suffix.lower()}
 
 
 def _id_at(moment: datetime) -> UUID:
@@ -304,16 +329,44 @@ class RunControl:
     async def list_filtered(self, conn: AsyncConn, where: RunFilter, *, limit: int = 50,
                             before: UUID | None = None) -> list[Run]:
         return await self._runs(conn, self._q.job_run_list, {
-            **where.params(before, self._clock.db_now()),
-            "limit": max(1, min(limit, MAX_PAGE))})
+            **self._params(where, before), "limit": max(1, min(limit, MAX_PAGE))})
+
+    async def list_with_tenants(self, conn: AsyncConn, where: RunFilter, *, limit: int = 50,
+                                before: UUID | None = None) -> list[ListedRun]:
+        """:meth:`list_filtered`, each run with its tenant (the dashboard's list)."""
+        async with conn.cursor(row_factory=_listed_row) as cur:
+            await cur.execute(self._q.job_run_list, {
+                **self._params(where, before), "limit": max(1, min(limit, MAX_PAGE))})
+            return await cur.fetchall()
 
     async def count(self, conn: AsyncConn, where: RunFilter, action: BulkAction) -> int:
         """Runs matching ``where`` that ``action`` applies to, counted up to ``COUNT_CAP``."""
+        return await self._count(conn, where, BULK_STATUSES[action])
+
+    async def count_states(self, conn: AsyncConn, where: RunFilter) -> dict[str, int]:
+        """Per state of ``RUN_STATES``, the runs matching ``where`` but for its status, each
+        counted up to ``COUNT_CAP`` (the live states read their partial indexes; a finished
+        state stops at the cap)."""
+        counts = {}
+        async with conn.transaction():
+            await conn.execute(self._q.job_run_read_no_jit)
+            for state, fields in RUN_STATES.items():
+                counts[state] = await self._count(conn, replace(where, **fields),
+                                                  (fields["status"],))
+        return counts
+
+    async def count_matching(self, conn: AsyncConn, where: RunFilter) -> int:
+        """Runs matching ``where``, counted up to ``COUNT_CAP``."""
+        return await self._count(conn, where, RUN_STATUSES)
+
+    async def _count(self, conn: AsyncConn, where: RunFilter, statuses: tuple[str, ...]) -> int:
         cur = await conn.execute(self._q.job_run_count, {
-            **where.params(now=self._clock.db_now()), "statuses": list(BULK_STATUSES[action]),
-            "cap": COUNT_CAP})
+            **self._params(where), "statuses": list(statuses), "cap": COUNT_CAP})
         row = await cur.fetchone()
         return int(row["n"]) if row else 0
+
+    def _params(self, where: RunFilter, before: UUID | None = None) -> dict[str, Any]:
+        return where.params(before, self._clock.db_now())
 
     async def bulk(self, conn: AsyncConn, action: BulkAction, *,
                    ids: list[UUID] | None = None, where: RunFilter | None = None,
@@ -343,8 +396,7 @@ class RunControl:
         before = None
         while len(done) < cap:
             cur = await conn.execute(self._q.job_run_list_ids, {
-                **where.params(before, self._clock.db_now()),
-                "statuses": list(BULK_STATUSES[action]),
+                **self._params(where, before), "statuses": list(BULK_STATUSES[action]),
                 "limit": min(opts.batch_size, cap - len(done))})
             page = [r["id"] for r in await cur.fetchall()]
             if not page:
@@ -505,6 +557,20 @@ class RunControl:
         return sorted(({**r, "paused": r["pool"] in pauses, "pause": pauses.get(r["pool"])}
                        for r in rows + idle), key=lambda r: r["pool"])
 
+    async def type_overview(self, conn: AsyncConn) -> list[dict[str, Any]]:
+        """Per job type (every registered one, and any other with live or recent runs): its
+        runs by live state, and those finished in the last hour."""
+        rows = await self._read(conn, self._q.job_run_type_overview,
+                                {"now": self._clock.db_now()})
+        known = {t for t, _ in await self.job_types(conn)} - {r["job_type"] for r in rows}
+        idle = [dict.fromkeys(_TYPE_COUNTS, 0) | {"job_type": t} for t in known]
+        return sorted(rows + idle, key=lambda r: r["job_type"])
+
+    async def job_types(self, conn: AsyncConn) -> list[tuple[str, str]]:
+        """The registered job types with their pools, by name."""
+        rows = await (await conn.execute(self._q.job_list)).fetchall()
+        return [(r["type"], r["pool"]) for r in rows]
+
     async def series(self, conn: AsyncConn, minutes: int = 60) -> list[dict[str, Any]]:
         """Per minute of the last ``minutes``, oldest first: completed, failed, and the p50
         and p95 queue latency (run_at to start) of runs that ran once."""
@@ -533,6 +599,40 @@ class RunControl:
     async def _notify(self, conn: AsyncConn, payloads: list[str]) -> None:
         await conn.execute(self._q.job_run_notify, {"channel": self._q.schema,
                                                      "payloads": payloads})
+
+
+@dataclass(frozen=True, slots=True)
+class ListedRun:
+    """A run of the dashboard's list, with its tenant (not a field of :class:`Run`)."""
+
+    run: Run
+    tenant_id: str | None
+
+    def state(self, now: datetime) -> str:
+        """Its state of ``RUN_STATES`` at ``now``."""
+        run = self.run
+        if run.status != RunStatus.PENDING or run.run_at <= now:
+            return run.status.value
+        return "retrying" if run.attempts > 0 else "scheduled"
+
+    @property
+    def next_attempt(self) -> datetime | None:
+        """When it runs next: a pending run's ``run_at``, a waiting run's deadline (None for
+        a wait without one and for any other run)."""
+        status, at = self.run.status, self.run.run_at
+        if status == RunStatus.PENDING or (status == RunStatus.WAITING
+                                           and at.year < _NO_WAIT_DEADLINE):
+            return at
+        return None
+
+
+def _listed(*, tenant_id: str | None, **columns: Any) -> ListedRun:
+    return ListedRun(Run.from_columns(**columns), tenant_id)
+
+
+_listed_row = picked_row(_listed, (*RUN_FIELDS, "tenant_id"))
+_TYPE_COUNTS = ("pending", "scheduled", "retrying", "running", "waiting",
+                "completed_last_hour", "failed_last_hour", "canceled_last_hour")
 
 
 def _step_names(steps: list[StepRow]) -> str:

@@ -574,6 +574,8 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
        - make_interval(secs => %(finished_within_s)s::int))
   AND (%(before_id)s::uuid IS NULL OR id < %(before_id)s::uuid)
   AND (%(min_id)s::uuid IS NULL OR id >= %(min_id)s::uuid)
+  AND (%(id_suffix)s::text IS NULL OR right(id::text, length(%(id_suffix)s::text)) = %(id_suffix)s::text)
+  AND (%(retried)s::boolean IS NULL OR (attempts > 0) = %(retried)s)
 ORDER BY id DESC
 LIMIT %(limit)s
 
@@ -708,6 +710,8 @@ WHERE ((status = 'pending' AND 'pending' = ANY (%(statuses)s::text[]))
        - make_interval(secs => %(finished_within_s)s::int))
   AND (%(before_id)s::uuid IS NULL OR id < %(before_id)s::uuid)
   AND (%(min_id)s::uuid IS NULL OR id >= %(min_id)s::uuid)
+  AND (%(id_suffix)s::text IS NULL OR right(id::text, length(%(id_suffix)s::text)) = %(id_suffix)s::text)
+  AND (%(retried)s::boolean IS NULL OR (attempts > 0) = %(retried)s)
 ORDER BY id DESC
 LIMIT %(limit)s
 
@@ -741,6 +745,8 @@ SELECT count(*) AS n FROM (
            - make_interval(secs => %(finished_within_s)s::int))
       AND (%(before_id)s::uuid IS NULL OR id < %(before_id)s::uuid)
       AND (%(min_id)s::uuid IS NULL OR id >= %(min_id)s::uuid)
+      AND (%(id_suffix)s::text IS NULL OR right(id::text, length(%(id_suffix)s::text)) = %(id_suffix)s::text)
+      AND (%(retried)s::boolean IS NULL OR (attempts > 0) = %(retried)s)
     LIMIT %(cap)s
 ) matching
 
@@ -846,6 +852,36 @@ SELECT m.minute, coalesce(f.completed, 0) AS completed, coalesce(f.failed, 0) AS
        f.latency[1] AS latency_p50_s, f.latency[2] AS latency_p95_s
 FROM minutes m LEFT JOIN finished f ON f.minute = m.minute
 ORDER BY m.minute
+
+-- name: job_run_type_overview
+-- Per job type, like job_run_pool_overview: the live runs by state (pending ones due now,
+-- scheduled for later, or waiting to retry after a failed attempt) and the runs finished in the
+-- last hour, each part read from its own partial index.
+WITH live AS (
+    SELECT job_type, status, run_at, attempts FROM {schema}.job_run WHERE status = 'pending'
+    UNION ALL
+    SELECT job_type, status, run_at, attempts FROM {schema}.job_run WHERE status = 'running'
+    UNION ALL
+    SELECT job_type, status, run_at, attempts FROM {schema}.job_run WHERE status = 'waiting'
+    UNION ALL
+    SELECT job_type, status, run_at, attempts FROM {schema}.job_run
+    WHERE status IN ('completed', 'failed', 'timed_out', 'canceled')
+      AND finished_at >= coalesce(%(now)s::timestamptz, now()) - interval '1 hour'
+)
+SELECT job_type,
+       count(*) FILTER (WHERE status = 'pending' AND run_at <= n.now) AS pending,
+       count(*) FILTER (WHERE status = 'pending' AND run_at > n.now AND attempts = 0)
+           AS scheduled,
+       count(*) FILTER (WHERE status = 'pending' AND run_at > n.now AND attempts > 0)
+           AS retrying,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE status = 'waiting') AS waiting,
+       count(*) FILTER (WHERE status = 'completed') AS completed_last_hour,
+       count(*) FILTER (WHERE status IN ('failed', 'timed_out')) AS failed_last_hour,
+       count(*) FILTER (WHERE status = 'canceled') AS canceled_last_hour
+FROM live, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) n
+GROUP BY job_type, n.now
+ORDER BY job_type
 
 -- name: job_run_read_no_jit
 -- For the rest of this transaction, no JIT compilation: the dashboard's aggregates over partial

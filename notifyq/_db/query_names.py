@@ -67,6 +67,7 @@ class QueryNames:
     job_run_reschedule_many: LiteralString
     job_run_pool_overview: LiteralString
     job_run_series: LiteralString
+    job_run_type_overview: LiteralString
     job_run_read_no_jit: LiteralString
     job_run_await: LiteralString
     job_run_get_for_update: LiteralString

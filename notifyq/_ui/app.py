@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 
 from notifyq._app import App
 from notifyq._http.auth import Authenticator
+from notifyq._ui.job_types import add_job_type_pages
 from notifyq._ui.keys import add_key_pages
 from notifyq._ui.overview import add_overview_pages
 from notifyq._ui.render import STATIC, environment
@@ -56,6 +57,7 @@ def create_ui(app: App, auth: Authenticator) -> FastAPI:
     add_overview_pages(router, app, ui)
     add_run_actions(router, app, ui)  # before add_run_pages: its /runs/{id}/{action} takes all
     add_run_pages(router, app, ui)
+    add_job_type_pages(router, app, ui)
     add_webhook_pages(router, app, ui)
     add_key_pages(router, app, ui)
     add_schedule_pages(router, app, ui)

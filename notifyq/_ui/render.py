@@ -10,6 +10,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
@@ -88,9 +89,22 @@ def status_badge(status: str) -> Markup:
         escape(status), escape(status.replace("_", " ")))
 
 
+SHORT_ID = 8
+"""Hex digits of a run's short id: the end of the id. Its start is the time (UUIDv7), the same
+for every run of a burst (1,501 runs of one shared their first 8 digits); the end is random,
+and runs one process made in the same millisecond count up in it."""
+
+
+def short_id(run_id: UUID | str) -> str:
+    """``…9c3e3db5``: how the lists show a run id (the Run id box and a run page's address take
+    it back)."""
+    return "\u2026" + str(run_id)[-SHORT_ID:]
+
+
 def environment() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(
         ["html"], default_for_string=True), trim_blocks=True, lstrip_blocks=True)
     env.filters.update(ago=ago, absolute=absolute, when=when, duration=duration,
-                       pretty=pretty, count=count, badge=status_badge)
+                       pretty=pretty, count=count, badge=status_badge,
+                       short_id=short_id)
     return env

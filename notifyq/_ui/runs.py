@@ -6,7 +6,8 @@ and the actions cancel, retry and send a signal."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -14,13 +15,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
-from notifyq._control import BULK_MAX, COUNT_CAP, BulkAction, RunDetail, RunFilter
+from notifyq._control import BULK_MAX, COUNT_CAP, RUN_STATES, BulkAction, RunDetail, RunFilter
 from notifyq._errors import InvalidEnqueue, InvalidTransition, RunNotFound
 from notifyq._pause import Pause
-from notifyq._run import RUN_STATUSES
 from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirect
 
 PAGE = 50
+SUFFIX_WINDOW = timedelta(days=1)
 FILTERS = ("status", "type", "pool", "tag", "tenant", "scope", "scope_id", "from", "to", "q",
            "due", "finished", "worker")
 FINISHED_WITHIN = {"1h": 3600, "24h": 24 * 3600, "7d": 7 * 24 * 3600}
@@ -32,27 +33,57 @@ DONE = {"cancel": "Canceled", "retry": "Put back in line", "signal": "Signal sen
 
 def run_filter(params: dict[str, str]) -> RunFilter:
     """The list's filter from its form fields (a Problem page, 422, naming a bad one).
-    ``status`` may be several, comma-separated (the overview's "failed" counts timed-out runs
-    too)."""
-    statuses = tuple(params["status"].split(",")) if params.get("status") else ()
+    ``status`` is a state of ``RUN_STATES`` (``pending``: runnable now; ``due`` overrides
+    when given), or several statuses comma-separated (the overview's "failed" counts
+    timed-out runs too)."""
     finished = params.get("finished")
     if finished is not None and finished not in FINISHED_WITHIN:
         raise Problem(422, "Invalid filter", f"finished: {finished!r} is not one of "
                       f"{', '.join(FINISHED_WITHIN)}")
+    prefix, suffix = id_search(params.get("q", ""))
     try:
+        after, before = _time(params, "from"), _time(params, "to")
+        if suffix_bounded(params):
+            after = (before or datetime.now(UTC)) - SUFFIX_WINDOW
         return RunFilter(
-            status=statuses[0] if len(statuses) == 1 else None,
-            status_in=statuses if len(statuses) > 1 else None,
-            due=params.get("due"),  # type: ignore[arg-type]  # RunFilter checks it
-            finished_within_s=FINISHED_WITHIN[finished] if finished else None,
-            leased_by=params.get("worker"),
-            job_type=params.get("type"), pool=params.get("pool"),
+            **_states(params), finished_within_s=FINISHED_WITHIN[finished] if finished else None,
+            leased_by=params.get("worker"), job_type=params.get("type"), pool=params.get("pool"),
             tag=params.get("tag"), tenant_id=params.get("tenant"),
             scope_entity_type=params.get("scope"), scope_entity_id=params.get("scope_id"),
-            created_after=_time(params, "from"), created_before=_time(params, "to"),
-            id_prefix=params.get("q"))
+            created_after=after, created_before=before, id_prefix=prefix, id_suffix=suffix)
     except ValueError as exc:
         raise Problem(422, "Invalid filter", str(exc)) from None
+
+
+def _states(params: dict[str, str]) -> dict[str, Any]:
+    """RunFilter's fields of the ``status`` and ``due`` parameters (RunFilter checks them)."""
+    statuses = tuple(params["status"].split(",")) if params.get("status") else ()
+    if len(statuses) > 1:
+        fields: dict[str, Any] = {"status_in": statuses}
+    elif statuses:
+        fields = dict(RUN_STATES.get(statuses[0], {"status": statuses[0]}))
+    else:
+        fields = {}
+    return fields | ({"due": params["due"]} if params.get("due") else {})
+
+
+def id_search(text: str) -> tuple[str | None, str | None]:
+    """What the Run id box takes: an id's start (``0193a2f0``), its end as the lists show it
+    (``…9c3e3db5``, or ``...9c3e3db5``), or both (``0193a2f0…3db5``)."""
+    head, tail = text, ""
+    for mark in ("\u2026", "..."):
+        if mark in text:
+            head, _, tail = text.partition(mark)
+            break
+    return head.strip() or None, tail.strip() or None
+
+
+def suffix_bounded(params: dict[str, str]) -> bool:
+    """An id's end alone (no id start, no "from") is searched among the runs created in the
+    ``SUFFIX_WINDOW`` before "to" (or now) only: it is checked run by run (10 s for 10 million
+    runs), where an id's start or a time range is a range of the primary key."""
+    prefix, suffix = id_search(params.get("q", ""))
+    return suffix is not None and prefix is None and not params.get("from")
 
 
 def _time(params: dict[str, str], name: str) -> datetime | None:
@@ -77,15 +108,25 @@ def run_id(text: str) -> UUID:
 def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
     control = app._control
 
-    async def listing(request: Request) -> dict[str, Any]:
+    async def listing(request: Request, *, whole: bool = False) -> dict[str, Any]:
+        """The list's rows; for the ``whole`` page also the state tabs with their counts and
+        the known job types and pools."""
         params = query(request.query_params, *FILTERS, "cursor")
         where = run_filter(params)
         before = run_id(params["cursor"]) if "cursor" in params else None
-        async with (await app.pool()).connection() as conn:
-            runs = await control.list_filtered(conn, where, limit=PAGE, before=before)
         filters = {k: v for k, v in params.items() if k != "cursor"}
-        return {"runs": runs, "filters": filters, "statuses": RUN_STATUSES,
-                "next_cursor": str(runs[-1].id) if len(runs) == PAGE else None,
+        page: dict[str, Any] = {}
+        async with (await app.pool()).connection() as conn:
+            runs = await control.list_with_tenants(conn, where, limit=PAGE, before=before)
+            if whole:
+                any_state = replace(where, status=None, status_in=None, due=None, retried=None)
+                page = _tabs(filters, await control.count_states(conn, any_state))
+                page["matching"] = await control.count_matching(conn, where)
+                page["job_types"] = await control.job_types(conn)
+        return {"runs": runs, "filters": filters, "statuses": RUN_STATES, **page,
+                "cap": COUNT_CAP, "now": datetime.now(UTC),
+                "suffix_window": suffix_bounded(params),
+                "next_cursor": str(runs[-1].run.id) if len(runs) == PAGE else None,
                 "live": before is None}
 
     @router.get("/runs", response_class=HTMLResponse)
@@ -96,7 +137,7 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
                 return redirect(request, f"/runs/{UUID(text)}")
             except ValueError:
                 pass
-        return ui.page(request, viewer, "runs.html", **await listing(request),
+        return ui.page(request, viewer, "runs.html", **await listing(request, whole=True),
                        done=_done(request))
 
     @router.get("/runs/rows", response_class=HTMLResponse)
@@ -108,8 +149,12 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
     @router.get("/runs/{id}", response_class=HTMLResponse)
     async def detail(request: Request, id: str, viewer: Signed) -> Response:
         try:
+            target = UUID(id)
+        except ValueError:
+            return await _lookup(request, app, id)
+        try:
             async with (await app.pool()).connection() as conn:
-                found = await control.detail(conn, run_id(id), limit=200)
+                found = await control.detail(conn, target, limit=200)
         except RunNotFound:
             raise Problem(404, "No such run", f"there is no run {id} (it may have been "
                           "purged after its retention)") from None
@@ -137,6 +182,35 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
         except InvalidTransition as exc:
             raise Problem(409, f"Cannot {action} this run", str(exc)) from None
         return redirect(request, f"/runs/{target}", done=action)
+
+
+async def _lookup(request: Request, app: App, text: str) -> Response:
+    """A run's address with a short id (``/runs/…9c3e3db5``): to the run it names, or to
+    the list when it names several."""
+    async with (await app.pool()).connection() as conn:
+        found = await app._control.list_filtered(conn, run_filter({"q": text}), limit=2)
+    if len(found) == 1:
+        return redirect(request, f"/runs/{found[0].id}")
+    if found:
+        return redirect(request, "/runs", q=text)
+    raise Problem(404, "No such run", f"no run matches {text[:80]!r} (it may have been "
+                  "purged after its retention)")
+
+
+def _tabs(filters: dict[str, str], counts: dict[str, int]) -> dict[str, Any]:
+    """A tab per state (and "all") with its count and link: each count stops at
+    ``COUNT_CAP`` (shown "10,000+"), the total of "all" with one that did is "or more"."""
+    others = {k: v for k, v in filters.items() if k not in ("status", "due")}
+    current = None if "due" in filters else filters.get("status")
+    total = sum(counts.values())
+    tabs = [{"state": None, "label": "all", "count": total,
+             "capped": any(n >= COUNT_CAP for n in counts.values()), "query": others}]
+    tabs += [{"state": state, "label": state.replace("_", " "), "count": n,
+              "capped": n >= COUNT_CAP, "query": {**others, "status": state}}
+             for state, n in counts.items()]
+    for tab in tabs:
+        tab["current"] = tab["state"] == current
+    return {"tabs": tabs}
 
 
 def _add_bulk(router: APIRouter, app: App, ui: Ui) -> None:

@@ -78,7 +78,8 @@ LIST_FILTERS = {"status": None, "job_type": None, "pool": None, "tag": None,
                 "scope_entity_type": None, "scope_entity_id": None, "tenant_id": None,
                 "trigger_source": None, "parent_run_id": None, "before_id": None,
                 "min_id": None, "tenant_ids": None, "status_in": None, "due": None,
-                "finished_within_s": None, "leased_by": None, "now": None}
+                "finished_within_s": None, "leased_by": None, "now": None,
+                "id_suffix": None, "retried": None}
 
 
 def get(conn: Conn, q: Queries, run_id: UUID) -> dict[str, Any]:

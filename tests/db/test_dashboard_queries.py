@@ -117,6 +117,43 @@ def test_the_pool_overview_counts_live_runs_and_the_last_hours_failures(
     assert later[0]["failed_last_hour"] == 0
 
 
+def test_the_type_overview_counts_live_runs_by_state_and_the_last_hours_finished(
+        db: Conn, q: Queries) -> None:
+    now = T0 + timedelta(minutes=10)
+    _runs(db, q, 4)
+    _fail(db, q, now - timedelta(minutes=5), 1)
+    claim(db, q, now - timedelta(minutes=1), limit=1)
+    enqueue(db, q, "t.a", {}, run_at=now + timedelta(hours=1), allow_unknown_type=True)
+    retry = enqueue(db, q, "t.b", {}, run_at=now + timedelta(hours=1), allow_unknown_type=True)
+    db.execute("UPDATE notifyq.job_run SET attempts = 1 WHERE id = %s", (retry["id"],))
+    rows = db.execute(q.job_run_type_overview, {"now": now}).fetchall()
+    assert rows == [
+        {"job_type": "t.a", "pending": 2, "scheduled": 1, "retrying": 0, "running": 1,
+         "waiting": 0, "completed_last_hour": 0, "failed_last_hour": 1,
+         "canceled_last_hour": 0},
+        {"job_type": "t.b", "pending": 0, "scheduled": 0, "retrying": 1, "running": 0,
+         "waiting": 0, "completed_last_hour": 0, "failed_last_hour": 0,
+         "canceled_last_hour": 0}]
+
+
+def test_the_list_filter_tells_retried_runs_from_new_ones(
+        db: Conn, q: Queries) -> None:
+    due = _runs(db, q, 1)[0]
+    later = enqueue(db, q, "t.a", {}, run_at=T0 + timedelta(hours=1), allow_unknown_type=True)
+    retry = enqueue(db, q, "t.a", {}, run_at=T0 + timedelta(hours=1), allow_unknown_type=True)
+    db.execute("UPDATE notifyq.job_run SET attempts = 1 WHERE id = %s", (retry["id"],))
+
+    def listed(**filters: Any) -> set[UUID]:
+        rows = db.execute(q.job_run_list, {**FILTER, "now": T0, "limit": 10, **filters})
+        return {r["id"] for r in rows.fetchall()}
+    assert listed(due="now") == {due}
+    assert listed(due="later", retried=False) == {later["id"]}
+    assert listed(due="later", retried=True) == {retry["id"]}
+    params = {**FILTER, "now": T0, "due": "later", "statuses": ["pending"]}
+    assert db.execute(q.job_run_count, {**params, "cap": 10}).fetchone() == {"n": 2}
+    assert len(db.execute(q.job_run_list_ids, {**params, "limit": 10}).fetchall()) == 2
+
+
 def test_the_series_has_every_minute_with_completions_failures_and_latency(
         db: Conn, q: Queries) -> None:
     _runs(db, q, 3)

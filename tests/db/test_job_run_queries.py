@@ -813,6 +813,17 @@ def test_job_run_list_filters_by_statuses_due_time_and_finish_time(db: Conn,
                                    finished_within_s=3600, **at)} == {recent["id"]}
 
 
+def test_job_run_list_finds_a_run_by_how_its_id_ends(db: Conn, q: Queries) -> None:
+    with db.transaction():  # one millisecond: the ids share their start
+        ids = [enqueue(db, q, input={"i": i})["id"] for i in range(5)]
+    ending = str(ids[2])[-8:]
+    assert [r["id"] for r in _list(db, q, id_suffix=ending)] == [ids[2]]
+    assert [r["id"] for r in _list(db, q, id_suffix=ending, min_id=ids[3])] == []
+    params = {**LIST_FILTERS, "id_suffix": ending, "statuses": ["pending"]}
+    assert db.execute(q.job_run_count, {**params, "cap": 10}).fetchone() == {"n": 1}
+    assert [r["id"] for r in db.execute(q.job_run_list_ids, {**params, "limit": 10})] == [ids[2]]
+
+
 def test_job_run_cancel_cancels_pending_runs_at_once(db: Conn, q: Queries) -> None:
     run = enqueue(db, q)
     row = db.execute(q.job_run_cancel, {"tenant_ids": None, "id": run["id"], "now": T0}).fetchone()

@@ -1,5 +1,5 @@
 // notifyq dashboard: keep relative times current, send the CSRF token with htmx requests,
-// and hold a live list still while the user has ticked rows in it.
+// hold a live list still while the user has ticked rows in it, and copy ids in one click.
 (function () {
   "use strict";
 
@@ -45,8 +45,45 @@
   document.addEventListener("htmx:beforeRequest", function (event) {
     const target = event.detail.elt;
     if (target && target.hasAttribute("data-live") &&
-        target.querySelector("input[type=checkbox]:checked, details[open]")) {
-      event.preventDefault();  // a refresh would drop the selection or close what is open
+        target.querySelector("input[type=checkbox]:checked, details[open], input.copy-field")) {
+      event.preventDefault();  // a refresh would drop the selection, or close what is open
+    }
+  });
+
+  // The clipboard needs a secure context (https, or this machine): elsewhere the id is shown
+  // selected in a field beside the button, for Ctrl+C.
+  function showField(button, text) {
+    let field = button.nextElementSibling;
+    if (!field || !field.classList.contains("copy-field")) {
+      field = document.createElement("input");
+      field.className = "copy-field mono";
+      field.readOnly = true;
+      field.value = text;
+      field.setAttribute("aria-label", "Id to copy");
+      button.after(field);
+    }
+    field.focus();
+    field.select();
+  }
+
+  document.addEventListener("click", function (event) {
+    const button = event.target.closest("button[data-copy]");
+    if (!button) return;
+    const text = button.getAttribute("data-copy");
+    if (!navigator.clipboard || !window.isSecureContext) {
+      showField(button, text);
+      return;
+    }
+    navigator.clipboard.writeText(text).then(function () {
+      button.setAttribute("data-copied", "");
+      setTimeout(function () { button.removeAttribute("data-copied"); }, 2000);
+    }, function () { showField(button, text); });
+  });
+
+  document.addEventListener("change", function (event) {
+    if (event.target.id !== "select-all") return;
+    for (const box of document.querySelectorAll('tbody#rows input[name="id"]')) {
+      box.checked = event.target.checked;
     }
   });
 
