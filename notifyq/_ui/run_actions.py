@@ -19,8 +19,8 @@ from fastapi.responses import HTMLResponse, Response
 from notifyq._app import App
 from notifyq._control import BulkAction, BulkOptions
 from notifyq._errors import InvalidTransition, RunNotFound, UnknownStep
-from notifyq._ui.runs import _time, run_id
-from notifyq._ui.web import Problem, Ui, redirect
+from notifyq._ui.runs import run_id
+from notifyq._ui.web import Problem, Ui, redirect, utc_time
 
 ASKS = {
     "replay": ("Replay this run from step {from_step}?",
@@ -73,7 +73,7 @@ def add_run_actions(router: APIRouter, app: App, ui: Ui) -> None:
         form = await ui.form(request)
         target = run_id(id)
         try:
-            run_at = _time(form, "run_at")
+            run_at = utc_time(form, "run_at")
         except ValueError as exc:
             raise Problem(422, "Not a time", str(exc)) from None
         if run_at is None:

@@ -18,7 +18,7 @@ from notifyq._app import App
 from notifyq._control import BULK_MAX, COUNT_CAP, RUN_STATES, BulkAction, RunDetail, RunFilter
 from notifyq._errors import InvalidEnqueue, InvalidTransition, RunNotFound
 from notifyq._pause import Pause
-from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirect
+from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirect, utc_time
 
 PAGE = 50
 SUFFIX_WINDOW = timedelta(days=1)
@@ -42,7 +42,7 @@ def run_filter(params: dict[str, str]) -> RunFilter:
                       f"{', '.join(FINISHED_WITHIN)}")
     prefix, suffix = id_search(params.get("q", ""))
     try:
-        after, before = _time(params, "from"), _time(params, "to")
+        after, before = utc_time(params, "from"), utc_time(params, "to")
         if suffix_bounded(params):
             after = (before or datetime.now(UTC)) - SUFFIX_WINDOW
         return RunFilter(
@@ -84,18 +84,6 @@ def suffix_bounded(params: dict[str, str]) -> bool:
     runs), where an id's start or a time range is a range of the primary key."""
     prefix, suffix = id_search(params.get("q", ""))
     return suffix is not None and prefix is None and not params.get("from")
-
-
-def _time(params: dict[str, str], name: str) -> datetime | None:
-    text = params.get(name)
-    if not text:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"{name}: {text!r} is not a date and time "
-                         "(e.g. 2026-12-01T09:30)") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def run_id(text: str) -> UUID:
