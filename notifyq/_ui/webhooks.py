@@ -3,6 +3,7 @@ failure, why disabled), their deliveries; messages with every attempt (status co
 error kind, response excerpt), pending ones with their next attempt and whether the circuit
 holds them; messages filtered by event type and endpoint, their failed and retrying deliveries
 counted; and the actions resend, resend every failed delivery of an endpoint since a time,
+send an endpoint the messages it missed since a time (counted and confirmed first),
 enable / disable (after a confirmation) and rotate secret.
 
 A rotation answers with a redirect (reloading the page does not rotate again); the new secret
@@ -31,7 +32,10 @@ from notifyq._webhooks.service import Webhooks
 
 PAGE = 50
 DONE = {"disable": "Endpoint disabled", "enable": "Endpoint enabled",
-        "resend": "Resent", "rotate": "Secret rotated", "recover": "Failed deliveries resent"}
+        "resend": "Resent", "rotate": "Secret rotated", "recover": "Failed deliveries resent",
+        "replay": "Missed messages sent, a delivery each",
+        "replay-more": "Missed messages sent, a delivery each; more are left: replay again",
+        "replay-none": "Nothing to replay: the endpoint missed no message since then"}
 RECOVER_SINCE = timedelta(days=1)
 """What "Resend failed" offers to go back by, to begin with."""
 REVEAL_S = 60.0
@@ -126,6 +130,27 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
                 recovered = await hooks.recover(endpoint_id, since)
                 return redirect(request, f"/webhooks/endpoints/{endpoint_id}", done=action,
                                 changed=str(len(recovered)))
+            elif action == "replay":
+                since = _since(form)
+                path = f"/webhooks/endpoints/{endpoint_id}"
+                if form.get("confirm") != "yes":
+                    found = await _endpoint(hooks, endpoint_id)
+                    missed = await hooks.replay_missing(endpoint_id, since, dry_run=True)
+                    if not missed.count:
+                        return redirect(request, path, done="replay-none")
+                    many = (f"at least {missed.count:,}; this sends the oldest {missed.count:,}"
+                            if missed.more else f"{missed.count:,}")
+                    return ui.page(
+                        request, viewer, "confirm.html",
+                        question=f"Send {found.url} what it missed since {form['since']} UTC?",
+                        consequence=f"It never got {many} message(s) sent since then (while "
+                        "it was disabled, or before it subscribed to their type): each gets a "
+                        "delivery and a new series of attempts.",
+                        button="Send the missed messages", fields={"since": form["since"]},
+                        action=f"{path}/replay", back=path)
+                replayed = await hooks.replay_missing(endpoint_id, since)
+                return redirect(request, path, done="replay-more" if replayed.more else action,
+                                changed=str(replayed.count))
             elif action == "rotate":
                 rotated = await hooks.rotate_secret(endpoint_id)
                 assert rotated.secret is not None  # noqa: S101 - a rotation returns it
@@ -194,8 +219,7 @@ def _since(form: dict[str, str]) -> datetime:
     except ValueError as exc:
         raise Problem(422, "Not a time", str(exc)) from None
     if since is None:
-        raise Problem(422, "Since when?", "since: give the time from which failed deliveries "
-                      "are resent (UTC)")
+        raise Problem(422, "Since when?", "since: give a time (UTC)")
     return since
 
 

@@ -1,6 +1,7 @@
 """The dashboard's browser tests: a headless Chromium (Debian's package, driven by Playwright;
 never `playwright install`) for each test, and a directory for screenshots,
-named in the summary at the end of the run (``NOTIFYQ_UI_SCREENSHOTS`` chooses it)."""
+kept and named in the summary at the end of the run when ``NOTIFYQ_UI_SCREENSHOTS`` names it,
+else removed at the end."""
 
 from __future__ import annotations
 
@@ -20,13 +21,19 @@ _SHOTS: list[Path] = []
 
 
 @pytest.fixture(scope="session")
-def screenshots() -> Path:
+def screenshots() -> Iterator[Path]:
+    """Where the tests' screenshots go: ``NOTIFYQ_UI_SCREENSHOTS`` keeps them there (named in
+    the summary); without it they go to a temporary directory removed at the end of the
+    session, so a test run leaves nothing behind in /tmp."""
     chosen = os.environ.get("NOTIFYQ_UI_SCREENSHOTS")
-    path = Path(chosen) if chosen else Path(tempfile.gettempdir()) / (
-        f"notifyq-ui-screenshots-{os.getpid()}")
-    path.mkdir(parents=True, exist_ok=True)
-    _SHOTS.append(path)
-    return path
+    if chosen:
+        path = Path(chosen)
+        path.mkdir(parents=True, exist_ok=True)
+        _SHOTS.append(path)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="notifyq-ui-screenshots-") as scratch:
+        yield Path(scratch)
 
 
 @pytest.fixture

@@ -206,3 +206,38 @@ def test_failing_deliveries_show_retries_and_the_open_circuit_and_failed_ones_ar
 
 def _listed(page: Any) -> list[str]:
     return [link.inner_text() for link in page.locator("tbody a.mono").all()]
+
+
+def test_an_endpoint_is_sent_what_it_missed_after_a_count_and_a_confirmation(
+        browser: Any, served: Served, sql: Conn, screenshots: Path) -> None:
+    with Receiver() as receiver, served.client() as http:
+        endpoint = http.post("/v1/webhooks/endpoints", json={
+            "url": receiver.url("/late"), "event_types": ["order.paid"],
+            "enabled": False}).json()
+        sent = sorted(http.post("/v1/webhooks/messages", json={
+            "event_type": "order.paid", "payload": {"n": n}}).json()["id"] for n in range(3))
+        assert http.patch(f"/v1/webhooks/endpoints/{endpoint['id']}",
+                          json={"enabled": True}).status_code == 200
+        page = _page(browser, served)
+        _sign_in(page)
+        page.goto(f"/ui/webhooks/endpoints/{endpoint['id']}")
+        page.get_by_role("button", name="Replay missed…").click()
+        assert page.locator("h1").inner_text().startswith(
+            f"Send {receiver.url('/late')} what it missed since ")
+        assert "It never got 3 message(s) sent since then" in page.locator(
+            "#confirm").inner_text()
+        _shot(page, screenshots, "webhook-replay-confirm")
+        assert scalar(sql, "SELECT count(*) FROM notifyq.webhook_delivery "
+                           "WHERE endpoint_id = %s", (endpoint["id"],)) == 0  # counted only
+        page.get_by_role("button", name="Send the missed messages").click()
+        page.locator("p.notice",
+                     has_text="Missed messages sent, a delivery each: 3 runs").wait_for()
+
+        def arrived() -> None:
+            assert len(receiver.at("/late")) == 3
+        wait_until(arrived, timeout=30)
+        assert sorted(r.headers["webhook-id"] for r in receiver.at("/late")) == sent
+        page.get_by_role("button", name="Replay missed…").click()
+        page.locator("p.notice", has_text="Nothing to replay").wait_for()
+        assert scalar(sql, "SELECT count(*) FROM notifyq.webhook_delivery "
+                           "WHERE endpoint_id = %s", (endpoint["id"],)) == 3

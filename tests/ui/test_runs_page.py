@@ -125,15 +125,15 @@ STATE_SQL = {
 
 
 def _seeded(sql: Conn) -> None:
-    sql.execute(SEED)  # type: ignore[arg-type]
-    sql.execute(STATES)  # type: ignore[arg-type]
+    sql.execute(SEED)
+    sql.execute(STATES)
     sql.execute("INSERT INTO notifyq.job_run (job_type, input, status, pool, priority, run_at, "
                 "attempts, max_attempts) SELECT 'seed.0', '{}', 'pending', 'idle', 0, "
                 "now() - interval '1 min', 0, 3")  # one more runnable, of no tenant
 
 
 def _ids(sql: Conn, where: str) -> set[str]:
-    rows = sql.execute(f"SELECT id::text FROM notifyq.job_run WHERE {where}")  # type: ignore[arg-type]
+    rows = sql.execute(f"SELECT id::text FROM notifyq.job_run WHERE {where}")
     return {r[0] for r in rows.fetchall()}
 
 
