@@ -302,7 +302,12 @@ def test_sigterm_under_load_loses_no_job(dsn: str, sql: Conn, logs: Path) -> Non
     assert counts.get("running", 0) == 0, counts  # finished or released, none left leased
     assert scalar(sql, "SELECT count(*) FROM notifyq.job_run WHERE leased_by IS NOT NULL") == 0
     with Served(dsn, logs / "second.log") as second:
-        wait_until(lambda: _assert(status_counts(sql) == {"completed": total}), timeout=30)
+        def all_completed() -> None:
+            counts = status_counts(sql)
+            assert counts == {"completed": total}, (counts, sql.execute(
+                "SELECT status, attempts, run_at - now() AS due_in, leased_by FROM "
+                "notifyq.job_run WHERE status <> 'completed'").fetchall(), second.log()[-3000:])
+        wait_until(all_completed, timeout=30)
         assert second.terminate() == 0, second.log()
 
 
