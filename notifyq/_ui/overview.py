@@ -54,11 +54,11 @@ def add_overview_pages(router: APIRouter, app: App, ui: Ui) -> None:
         if not POOL.fullmatch(pool):
             raise Problem(422, "Not a pool name", f"{pool!r} must match {POOL.pattern}")
         if action == "pause" and form.get("confirm") != "yes":
-            return ui.page(
-                request, ui.viewer(request), "confirm.html", question=f"Pause pool {pool}?",
+            return ui.confirm(
+                request, question=f"Pause pool {pool}?",
                 consequence="Workers stop claiming its runs at their next claim; runs already "
                 "running finish. Its pending runs wait until it is resumed.",
-                button=f"Pause {pool}", fields={}, action=f"/pools/{pool}/pause", back="/")
+                button=f"Pause {pool}", action=f"/pools/{pool}/pause", back="/")
         if action == "pause":
             await app.pause(pool=pool, reason="paused from the dashboard")
         elif action == "resume":

@@ -20,7 +20,7 @@ from notifyq._app import App
 from notifyq._control import BulkAction, BulkOptions
 from notifyq._errors import InvalidTransition, RunNotFound, UnknownStep
 from notifyq._ui.runs import run_id
-from notifyq._ui.web import Problem, Ui, redirect, utc_time
+from notifyq._ui.web import Problem, Ui, redirect, required_time
 
 ASKS = {
     "replay": ("Replay this run from step {from_step}?",
@@ -44,10 +44,8 @@ def add_run_actions(router: APIRouter, app: App, ui: Ui) -> None:
         if action not in ASKS or form.get("confirm") == "yes":
             return None
         question, consequence, button = (text.format(**words) for text in ASKS[action])
-        fields = {k: v for k, v in form.items() if k not in ("csrf", "confirm")}
-        return ui.page(request, ui.viewer(request), "confirm.html", question=question,
-                       consequence=consequence, button=button, fields=fields,
-                       action=f"/runs/{target}/{action}", back=f"/runs/{target}")
+        return ui.confirm(request, question=question, consequence=consequence, button=button,
+                          action=f"/runs/{target}/{action}", back=f"/runs/{target}", form=form)
 
     @router.post("/runs/{id}/replay", response_class=HTMLResponse)
     async def replay(request: Request, id: str) -> Response:
@@ -72,12 +70,7 @@ def add_run_actions(router: APIRouter, app: App, ui: Ui) -> None:
     async def reschedule(request: Request, id: str) -> Response:
         form = await ui.form(request)
         target = run_id(id)
-        try:
-            run_at = utc_time(form, "run_at")
-        except ValueError as exc:
-            raise Problem(422, "Not a time", str(exc)) from None
-        if run_at is None:
-            raise Problem(422, "No time given", "run_at: when the run may start (UTC)")
+        run_at = required_time(form, "run_at", "run_at: when the run may start (UTC)")
         await _change(app, target, "reschedule", run_at=run_at)
         return redirect(request, f"/runs/{target}", done="reschedule")
 

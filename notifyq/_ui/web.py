@@ -88,6 +88,15 @@ class Ui:
                           "opened before signing in again): reload the page and try again")
         return form
 
+    def confirm(self, request: Request, *, question: str, consequence: str, button: str,
+                action: str, back: str, form: Mapping[str, str] | None = None) -> HTMLResponse:
+        """An action's confirmation page: its button posts ``form`` to ``action`` again, with
+        ``confirm=yes`` (no JavaScript needed); "Go back" returns to ``back``."""
+        fields = {k: v for k, v in (form or {}).items() if k not in ("csrf", "confirm")}
+        return self.page(request, self.viewer(request), "confirm.html", question=question,
+                         consequence=consequence, button=button, fields=fields, action=action,
+                         back=back)
+
     def page(self, request: Request, viewer: Viewer | None, template: str,
              status: int = 200, **context: Any) -> HTMLResponse:
         html = self.templates.get_template(template).render(
@@ -178,3 +187,15 @@ def utc_time(params: Mapping[str, str], name: str) -> datetime | None:
         raise ValueError(f"{name}: {text!r} is not a date and time "
                          "(e.g. 2026-12-01T09:30)") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def required_time(form: Mapping[str, str], name: str, missing: str) -> datetime:
+    """:func:`utc_time`, required: a 422 problem page when the field is empty (``missing``
+    says what to give) or not a time."""
+    try:
+        moment = utc_time(form, name)
+    except ValueError as exc:
+        raise Problem(422, "Not a time", str(exc)) from None
+    if moment is None:
+        raise Problem(422, "No time given", missing)
+    return moment

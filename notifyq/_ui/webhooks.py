@@ -25,7 +25,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
 from notifyq._errors import ConfigError, InvalidEndpoint, WebhookNotFound
-from notifyq._ui.web import Problem, Signed, Ui, query, redirect, utc_time
+from notifyq._ui.web import Problem, Signed, Ui, query, redirect, required_time
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.routes import MESSAGE_ID
 from notifyq._webhooks.service import Webhooks
@@ -113,13 +113,13 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
         viewer, hooks, endpoint_id = ui.viewer(request), service(), _endpoint_id(id)
         if action == "disable" and form.get("confirm") != "yes":
             found, path = await _endpoint(hooks, endpoint_id), f"/webhooks/endpoints/{endpoint_id}"
-            return ui.page(
-                request, viewer, "confirm.html", question=f"Disable {found.url}?",
+            return ui.confirm(
+                request, question=f"Disable {found.url}?",
                 consequence="Its pending deliveries are canceled, with their runs, and no "
                 "message is sent to it until it is enabled again (enabling does not bring the "
                 "canceled deliveries back: resend them from their messages).",
-                button="Disable and cancel pending deliveries", fields={},
-                action=f"{path}/disable", back=path)
+                button="Disable and cancel pending deliveries", action=f"{path}/disable",
+                back=path)
         try:
             if action == "disable":
                 await hooks.disable_endpoint(endpoint_id, "disabled in the dashboard")
@@ -140,14 +140,14 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
                         return redirect(request, path, done="replay-none")
                     many = (f"at least {missed.count:,}; this sends the oldest {missed.count:,}"
                             if missed.more else f"{missed.count:,}")
-                    return ui.page(
-                        request, viewer, "confirm.html",
+                    return ui.confirm(
+                        request,
                         question=f"Send {found.url} what it missed since {form['since']} UTC?",
                         consequence=f"It never got {many} message(s) sent since then (while "
                         "it was disabled, or before it subscribed to their type): each gets a "
                         "delivery and a new series of attempts.",
-                        button="Send the missed messages", fields={"since": form["since"]},
-                        action=f"{path}/replay", back=path)
+                        button="Send the missed messages", action=f"{path}/replay",
+                        back=path, form=form)
                 replayed = await hooks.replay_missing(endpoint_id, since)
                 return redirect(request, path, done="replay-more" if replayed.more else action,
                                 changed=str(replayed.count))
@@ -214,13 +214,7 @@ async def _endpoint(hooks: Webhooks, endpoint_id: UUID) -> Endpoint:
 
 
 def _since(form: dict[str, str]) -> datetime:
-    try:
-        since = utc_time(form, "since")
-    except ValueError as exc:
-        raise Problem(422, "Not a time", str(exc)) from None
-    if since is None:
-        raise Problem(422, "Since when?", "since: give a time (UTC)")
-    return since
+    return required_time(form, "since", "since: give a time (UTC)")
 
 
 def _done(request: Request) -> dict[str, Any] | None:
