@@ -295,6 +295,7 @@ DECLARE
     types_paused boolean;
     used      integer;
     step      bigint;
+    retry_room integer;
 BEGIN
     IF EXISTS (SELECT FROM pause WHERE kind = 'pool' AND name = p_pool) THEN
         RETURN;
@@ -308,7 +309,20 @@ BEGIN
     -- its running runs taken after the lock) and that many of its runs. The nested loop stops
     -- at the outer LIMIT, so no key beyond it is locked or counted and no row beyond it locked
     -- (an ORDER BY there would lock every key's share first).
+    --
+    -- Two lanes (0027): a key whose head run was attempted before (started_at set: a retry, a
+    -- run released or reaped) is a retry key. The first-attempt keys are served first, then
+    -- the retry keys with what is left, at most the worker's retry room: the share of its
+    -- concurrency it registered for the pool (worker.retry_slots) minus the retries it holds.
     IF remaining > 0 THEN
+        retry_room := remaining;
+        SELECT greatest(0, (w.retry_slots ->> p_pool)::integer
+                           - (SELECT count(*)::integer FROM job_run j
+                              WHERE j.status = 'running' AND j.leased_by = p_worker_id
+                                AND j.pool = p_pool AND j.started_at < j.claimed_at))
+        INTO retry_room
+        FROM worker w WHERE w.id = p_worker_id AND w.retry_slots ? p_pool;
+        retry_room := least(coalesce(retry_room, remaining), remaining);
         RETURN QUERY
             WITH RECURSIVE keys(key) AS (
                 (SELECT concurrency_key FROM job_run
@@ -320,12 +334,14 @@ BEGIN
                           AND concurrency_key IS NOT NULL AND concurrency_key > keys.key
                         ORDER BY concurrency_key LIMIT 1)
                 FROM keys WHERE keys.key IS NOT NULL
-            ), heads AS (
-                SELECT keys.key, head.priority, head.run_at,
+            ), heads AS MATERIALIZED (
+                SELECT keys.key, head.priority, head.run_at, head.retry,
                        coalesce(kc.concurrency_limit, head.concurrency_limit, 1) AS lim
                 FROM (SELECT key FROM keys WHERE key IS NOT NULL LIMIT 1000) keys
                 CROSS JOIN LATERAL (
-                    SELECT j.priority, j.run_at, j.concurrency_limit FROM job_run j
+                    SELECT j.priority, j.run_at, j.concurrency_limit,
+                           j.started_at IS NOT NULL AS retry
+                    FROM job_run j
                     WHERE j.status = 'pending' AND j.pool = p_pool
                       AND j.concurrency_key = keys.key
                     ORDER BY j.priority, j.run_at, j.id
@@ -334,8 +350,7 @@ BEGIN
                 LEFT JOIN key_concurrency kc ON kc.key = keys.key
                 WHERE head.run_at <= now_
                 ORDER BY head.priority, head.run_at
-            )
-            SELECT * FROM _claim_ids(ARRAY(
+            ), firsts AS (
                 SELECT c.id
                 FROM heads h
                 CROSS JOIN LATERAL (SELECT _concurrency_room(h.key, h.lim) AS free) r
@@ -349,7 +364,27 @@ BEGIN
                     ORDER BY priority, run_at, id
                     LIMIT r.free
                     FOR UPDATE SKIP LOCKED) c
-                LIMIT remaining), p_worker_id, p_lease_s, now_);
+                WHERE NOT h.retry
+                LIMIT remaining
+            ), retries AS (
+                SELECT c.id
+                FROM heads h
+                CROSS JOIN LATERAL (SELECT _concurrency_room(h.key, h.lim) AS free) r
+                CROSS JOIN LATERAL (
+                    SELECT id FROM job_run j
+                    WHERE status = 'pending' AND pool = p_pool AND concurrency_key = h.key
+                      AND run_at <= now_
+                      AND (NOT types_paused
+                           OR NOT EXISTS (SELECT FROM pause p
+                                          WHERE p.kind = 'type' AND p.name = j.job_type))
+                    ORDER BY priority, run_at, id
+                    LIMIT r.free
+                    FOR UPDATE SKIP LOCKED) c
+                WHERE h.retry
+                LIMIT least(retry_room, remaining - (SELECT count(*) FROM firsts))
+            )
+            SELECT * FROM _claim_ids(ARRAY(SELECT id FROM firsts UNION ALL
+                                           SELECT id FROM retries), p_worker_id, p_lease_s, now_);
         GET DIAGNOSTICS claimed = ROW_COUNT;
         remaining := remaining - claimed;
     END IF;
@@ -1454,6 +1489,7 @@ CREATE TABLE notifyq.worker (
     started_at timestamp with time zone NOT NULL,
     heartbeat_at timestamp with time zone NOT NULL,
     expires_at timestamp with time zone NOT NULL,
+    retry_slots jsonb,
     CONSTRAINT worker_concurrency_check CHECK ((concurrency > 0)),
     CONSTRAINT worker_id_check CHECK (((length(id) >= 1) AND (length(id) <= 200)))
 );

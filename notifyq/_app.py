@@ -471,7 +471,9 @@ class App:
             db=db, queries=self._runtime.queries, clock=self.clock, settings=self.settings,
             registry=self._registry,
             listen_dsn=self.settings.listen_url,
-            concurrency=concurrency or cfg.concurrency, pools=pools, burst=burst)
+            concurrency=concurrency or cfg.concurrency, pools=pools, burst=burst,
+            retry_shares={POOL: self.settings.webhooks.retry_share}
+            if self._webhooks is not None else None)
 
     async def run_worker(self, *, concurrency: int | None = None, pools: list[str] | None = None,
                          burst: bool = False,

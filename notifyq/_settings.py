@@ -410,6 +410,11 @@ class WebhookSettings(_Section):
     breaker_cooldown_s: Seconds = 60.0
     """How long an open circuit parks an endpoint's deliveries before a probe. Defaults to
     60.0."""
+    retry_share: Annotated[float, Field(gt=0, le=1)] = 0.5
+    """The share of a worker's ``--concurrency`` that webhook retries (deliveries attempted
+    before) may hold at once, at least one slot; the rest is kept for first attempts, which are
+    also claimed before retries. 1 lets retries take every slot (first attempts still go
+    first in each claim). Defaults to 0.5."""
 
     @field_validator("allowed_networks", "allowed_ports", mode="before")
     @classmethod

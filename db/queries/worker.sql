@@ -3,11 +3,13 @@
 
 -- name: worker_register
 -- At start (and again if the reaper removed the row while the worker was cut off).
+-- `retry_slots` ({pool: runs}, or null): how many of its runs of a pool the worker lets be
+-- retries at once; the keyed claim reads it (migration 0027).
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 INSERT INTO {schema}.worker AS w (id, host, pid, version, pools, concurrency, running,
-                                  started_at, heartbeat_at, expires_at)
+                                  started_at, heartbeat_at, expires_at, retry_slots)
 SELECT %(id)s, %(host)s, %(pid)s, %(version)s, %(pools)s, %(concurrency)s, %(running)s,
-       n.now, n.now, n.now + make_interval(secs => %(ttl_s)s)
+       n.now, n.now, n.now + make_interval(secs => %(ttl_s)s), %(retry_slots)s::jsonb
 FROM n
 ON CONFLICT (id) DO UPDATE
 SET running = excluded.running, heartbeat_at = excluded.heartbeat_at,

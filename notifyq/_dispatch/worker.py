@@ -35,6 +35,7 @@ from uuid import UUID
 
 import anyio
 import psycopg
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq._clock import Clock
@@ -69,8 +70,12 @@ class Worker:
     def __init__(self, *, db: AsyncConnectionPool[AsyncConn], queries: Queries, clock: Clock,
                  settings: Settings, registry: Registry, listen_dsn: str | None,
                  concurrency: int, pools: list[str], burst: bool = False,
-                 maintenance: bool = True) -> None:
+                 maintenance: bool = True, retry_shares: dict[str, float] | None = None) -> None:
         self.id = new_worker_id()
+        self.retry_slots = {pool: max(1, int(concurrency * share))
+                            for pool, share in (retry_shares or {}).items() if pool in pools}
+        """Per pool: how many of its runs this worker lets be retries at once (registered; the
+        keyed claim keeps to it, migration 0027). A pool not here has no such cap."""
         self._db = db
         self._q = queries
         self._clock = clock
@@ -380,7 +385,8 @@ class Worker:
         return {"id": self.id, "host": host, "pid": int(pid), "version": VERSION,
                 "pools": self._pools, "concurrency": self._concurrency,
                 "running": len(self.active), "now": self._clock.db_now(),
-                "ttl_s": self._settings.worker.lease_s}
+                "ttl_s": self._settings.worker.lease_s,
+                "retry_slots": Jsonb(self.retry_slots) if self.retry_slots else None}
 
     async def _register(self) -> None:
         try:

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from notifyq._db.queries import Queries
 from tests.db.conftest import T0
@@ -110,3 +111,57 @@ def test_the_keyed_claim_walks_the_keyed_index_with_plans_made_on_an_empty_table
         assert "job_run_scheduled_idx" not in plan
         assert "Seq Scan on job_run" not in plan
         assert "JIT:" not in plan
+
+
+def _retries(db: Conn, key: str, n: int, *, run_at: Any = T0 - timedelta(minutes=1)) -> None:
+    """``n`` due retries of ``key``: runs attempted before (started_at set), pending again."""
+    _backlog(db, {key: n}, run_at=run_at)
+    db.execute("UPDATE notifyq.job_run SET started_at = run_at - interval '1 minute' "
+               "WHERE concurrency_key = %s", (key,))
+
+
+def _register(db: Conn, worker_id: str, retry_slots: dict[str, int] | None) -> None:
+    db.execute("INSERT INTO notifyq.worker (id, host, pid, version, pools, concurrency, "
+               "started_at, heartbeat_at, expires_at, retry_slots) "
+               "VALUES (%s, 'h', 1, 'x', '{webhooks}', 10, %s, %s, %s + interval '1 hour', %s)",
+               (worker_id, T0, T0, T0, Jsonb(retry_slots)))
+
+
+def test_first_attempts_are_claimed_before_older_due_retries(db: Conn, q: Queries) -> None:
+    # The failing endpoint's retries are due since a minute; the healthy one's run is new.
+    db.execute("INSERT INTO notifyq.key_concurrency VALUES ('webhook:failing', 100, now())")
+    _retries(db, "webhook:failing", 50)
+    _backlog(db, {"webhook:healthy": 3})
+    got = claim(db, q, T0, pool="webhooks", limit=6, keyed=True)
+    assert len(got) == 6
+    assert _running(db) == {"webhook:healthy": 3, "webhook:failing": 3}
+
+
+def test_retries_hold_at_most_the_workers_retry_slots(db: Conn, q: Queries) -> None:
+    db.execute("INSERT INTO notifyq.key_concurrency VALUES ('webhook:failing', 100, now())")
+    _retries(db, "webhook:failing", 50)
+    _register(db, "w1", {"webhooks": 4})
+    assert len(claim(db, q, T0, pool="webhooks", limit=10, keyed=True)) == 4
+    # It holds 4 retries: no room for more, while first attempts still get every slot asked.
+    assert claim(db, q, T0, pool="webhooks", limit=10, keyed=True) == []
+    _backlog(db, {"webhook:healthy": 8})
+    assert len(claim(db, q, T0, pool="webhooks", limit=10, keyed=True)) == 5  # its share
+    assert _running(db) == {"webhook:failing": 4, "webhook:healthy": 5}
+    # Another worker has its own room; a worker with no cap registered takes what is left.
+    _register(db, "w2", {"webhooks": 2})
+    assert len(claim(db, q, T0, pool="webhooks", limit=10, keyed=True, worker_id="w2")) == 2
+    assert len(claim(db, q, T0, pool="webhooks", limit=10, keyed=True, worker_id="w3")) == 10
+
+
+def test_a_retry_room_counts_only_the_workers_retries_of_that_pool(db: Conn,
+                                                                   q: Queries) -> None:
+    _retries(db, "webhook:a", 20)
+    db.execute("INSERT INTO notifyq.key_concurrency VALUES ('webhook:a', 100, now())")
+    _register(db, "w1", {"webhooks": 3, "other": 1})
+    assert len(claim(db, q, T0, pool="webhooks", limit=10, keyed=True)) == 3
+    # A retry written back frees its place in the room.
+    run = db.execute("SELECT id, fence FROM notifyq.job_run WHERE status = 'running' "
+                     "LIMIT 1").fetchone()
+    assert run is not None
+    db.execute("UPDATE notifyq.job_run SET status = 'completed' WHERE id = %s", (run["id"],))
+    assert len(claim(db, q, T0, pool="webhooks", limit=10, keyed=True)) == 1

@@ -11,7 +11,8 @@ from tests.db.helpers import DEFINITION, Conn, seconds
 
 def _params(worker_id: str, now: Any, **over: Any) -> dict[str, Any]:
     return {"id": worker_id, "host": "h", "pid": 7, "version": "1.2.3", "pools": ["default"],
-            "concurrency": 10, "running": 0, "now": now, "ttl_s": 30, **over}
+            "concurrency": 10, "running": 0, "now": now, "ttl_s": 30, "retry_slots": None,
+            **over}
 
 
 def _listed(db: Conn, q: Queries, now: Any) -> list[str]:
