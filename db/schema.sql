@@ -296,6 +296,7 @@ DECLARE
     used      integer;
     step      bigint;
     retry_room integer;
+    ids       uuid[];
 BEGIN
     IF EXISTS (SELECT FROM pause WHERE kind = 'pool' AND name = p_pool) THEN
         RETURN;
@@ -323,7 +324,7 @@ BEGIN
         INTO retry_room
         FROM worker w WHERE w.id = p_worker_id AND w.retry_slots ? p_pool;
         retry_room := least(coalesce(retry_room, remaining), remaining);
-        RETURN QUERY
+        ids := ARRAY(
             WITH RECURSIVE keys(key) AS (
                 (SELECT concurrency_key FROM job_run
                  WHERE status = 'pending' AND pool = p_pool AND concurrency_key IS NOT NULL
@@ -336,7 +337,8 @@ BEGIN
                 FROM keys WHERE keys.key IS NOT NULL
             ), heads AS MATERIALIZED (
                 SELECT keys.key, head.priority, head.run_at, head.retry,
-                       coalesce(kc.concurrency_limit, head.concurrency_limit, 1) AS lim
+                       coalesce(kc.concurrency_limit, head.concurrency_limit, 1) AS lim,
+                       kr.rate_limit, kr.period_s
                 FROM (SELECT key FROM keys WHERE key IS NOT NULL LIMIT 1000) keys
                 CROSS JOIN LATERAL (
                     SELECT j.priority, j.run_at, j.concurrency_limit,
@@ -348,12 +350,14 @@ BEGIN
                     LIMIT 1
                 ) head
                 LEFT JOIN key_concurrency kc ON kc.key = keys.key
-                WHERE head.run_at <= now_
+                LEFT JOIN key_rate kr ON kr.key = keys.key
+                WHERE head.run_at <= now_ AND NOT coalesce(kr.held_until > now_, false)
                 ORDER BY head.priority, head.run_at
             ), firsts AS (
                 SELECT c.id
                 FROM heads h
-                CROSS JOIN LATERAL (SELECT _concurrency_room(h.key, h.lim) AS free) r
+                CROSS JOIN LATERAL (SELECT _key_room(h.key, h.lim, h.rate_limit, h.period_s, now_)
+                                    AS free) r
                 CROSS JOIN LATERAL (
                     SELECT id FROM job_run j
                     WHERE status = 'pending' AND pool = p_pool AND concurrency_key = h.key
@@ -369,7 +373,8 @@ BEGIN
             ), retries AS (
                 SELECT c.id
                 FROM heads h
-                CROSS JOIN LATERAL (SELECT _concurrency_room(h.key, h.lim) AS free) r
+                CROSS JOIN LATERAL (SELECT _key_room(h.key, h.lim, h.rate_limit, h.period_s, now_)
+                                    AS free) r
                 CROSS JOIN LATERAL (
                     SELECT id FROM job_run j
                     WHERE status = 'pending' AND pool = p_pool AND concurrency_key = h.key
@@ -383,10 +388,15 @@ BEGIN
                 WHERE h.retry
                 LIMIT least(retry_room, remaining - (SELECT count(*) FROM firsts))
             )
-            SELECT * FROM _claim_ids(ARRAY(SELECT id FROM firsts UNION ALL
-                                           SELECT id FROM retries), p_worker_id, p_lease_s, now_);
+            SELECT id FROM firsts UNION ALL SELECT id FROM retries);
+        RETURN QUERY SELECT * FROM _claim_ids(ids, p_worker_id, p_lease_s, now_);
         GET DIAGNOSTICS claimed = ROW_COUNT;
         remaining := remaining - claimed;
+        -- Rate-limited keys (0028): what this claim started joins each one's window, under the
+        -- key's lock _key_room took (held to the end of the transaction).
+        IF claimed > 0 AND EXISTS (SELECT FROM key_rate WHERE rate_limit IS NOT NULL) THEN
+            PERFORM _key_rate_count(p_pool, ids, now_);
+        END IF;
     END IF;
 
     -- Rate-limited keys (as in 0018): the distinct keys by a skip scan of
@@ -693,6 +703,56 @@ BEGIN
         result := replace(result, '{' || field || '}', coalesce(input ->> field, ''));
     END LOOP;
     RETURN result;
+END
+$$;
+
+--
+-- Name: _key_rate_count(text, uuid[], timestamp with time zone); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._key_rate_count(p_pool text, p_ids uuid[], p_now timestamp with time zone) RETURNS void
+    LANGUAGE sql
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+    INSERT INTO rate_window AS w (key, pool, rate_limit, period_s, buckets, counts, updated_at)
+    SELECT c.key, p_pool, kr.rate_limit, kr.period_s, ARRAY[_rate_step(p_now, kr.period_s)],
+           ARRAY[c.n], p_now
+    FROM (SELECT concurrency_key AS key, count(*)::integer AS n FROM job_run
+          WHERE id = ANY (p_ids) AND concurrency_key IS NOT NULL
+          GROUP BY concurrency_key) c
+    JOIN key_rate kr ON kr.key = c.key AND kr.rate_limit IS NOT NULL
+    ORDER BY c.key
+    ON CONFLICT (key) DO UPDATE
+    SET pool = excluded.pool, rate_limit = excluded.rate_limit, period_s = excluded.period_s,
+        updated_at = excluded.updated_at,
+        (buckets, counts) = (
+            SELECT coalesce(array_agg(b ORDER BY b), '{}'), coalesce(array_agg(c ORDER BY b), '{}')
+            FROM (SELECT b, sum(c)::integer AS c
+                  FROM (SELECT * FROM unnest(w.buckets, w.counts) AS x(b, c)
+                        WHERE b >= _rate_step(p_now - make_interval(secs => w.period_s),
+                                              w.period_s)
+                        UNION ALL
+                        SELECT excluded.buckets[1], excluded.counts[1]) y
+                  GROUP BY b) z);
+$$;
+
+--
+-- Name: _key_room(text, integer, integer, double precision, timestamp with time zone); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._key_room(p_key text, p_limit integer, p_rate integer, p_period_s double precision, p_now timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+DECLARE
+    room integer := _concurrency_room(p_key, p_limit);
+BEGIN
+    IF room = 0 OR p_rate IS NULL THEN
+        RETURN room;
+    END IF;
+    RETURN greatest(0, least(room, p_rate - coalesce(
+        (SELECT _rate_used(w.buckets, w.counts, p_period_s, p_now)
+         FROM rate_window w WHERE w.key = p_key), 0)));
 END
 $$;
 
@@ -1005,6 +1065,36 @@ END
 $$;
 
 --
+-- Name: _webhook_endpoint_rate_sync(); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._webhook_endpoint_rate_sync() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM key_rate WHERE key = 'webhook:' || OLD.id;
+        RETURN OLD;
+    END IF;
+    IF NEW.rate_limit IS NULL THEN  -- unlimited: no row, unless a hold keeps one
+        UPDATE key_rate SET rate_limit = NULL, updated_at = now()
+        WHERE key = 'webhook:' || NEW.id AND rate_limit IS NOT NULL;
+        RETURN NEW;
+    END IF;
+    -- N a second as L = ceil(N / 10) per L / N seconds: the same rate, in bursts of at most a
+    -- tenth of it (N per 1 s let a receiver see N at once, and 2N within one second when two
+    -- windows' bursts arrived close: 16 in a second at a rate of 10, three workers).
+    INSERT INTO key_rate AS k (key, rate_limit, period_s, updated_at)
+    VALUES ('webhook:' || NEW.id, ceil(NEW.rate_limit / 10.0)::integer,
+            ceil(NEW.rate_limit / 10.0) / NEW.rate_limit, now())
+    ON CONFLICT (key) DO UPDATE SET rate_limit = excluded.rate_limit,
+                                    period_s = excluded.period_s, updated_at = now();
+    RETURN NEW;
+END
+$$;
+
+--
 -- Name: enqueue(text, jsonb, timestamp with time zone, integer, text, integer, text, text[], text, text, text, boolean); Type: FUNCTION; Schema: notifyq; Owner: -
 --
 
@@ -1214,6 +1304,20 @@ CREATE TABLE notifyq.key_holder (
     CONSTRAINT key_holder_id_check CHECK (((length(id) >= 1) AND (length(id) <= 200))),
     CONSTRAINT key_holder_interval_s_check CHECK ((interval_s > (0)::double precision)),
     CONSTRAINT key_holder_role_check CHECK ((role = ANY (ARRAY['worker'::text, 'serve'::text, 'app'::text])))
+);
+
+--
+-- Name: key_rate; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.key_rate (
+    key text NOT NULL,
+    rate_limit integer,
+    period_s double precision DEFAULT 1 NOT NULL,
+    held_until timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT key_rate_period_s_check CHECK ((period_s > (0)::double precision)),
+    CONSTRAINT key_rate_rate_limit_check CHECK ((rate_limit >= 1))
 );
 
 --
@@ -1431,8 +1535,10 @@ CREATE TABLE notifyq.webhook_endpoint (
     tenant_id text,
     consecutive_failures integer DEFAULT 0 NOT NULL,
     circuit_open_until timestamp with time zone,
+    rate_limit integer,
     CONSTRAINT webhook_endpoint_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
     CONSTRAINT webhook_endpoint_headers_check CHECK ((jsonb_typeof(headers) = 'object'::text)),
+    CONSTRAINT webhook_endpoint_rate_limit_check CHECK (((rate_limit >= 1) AND (rate_limit <= 1000000))),
     CONSTRAINT webhook_endpoint_tenant_id_check CHECK (((length(tenant_id) >= 1) AND (length(tenant_id) <= 512))),
     CONSTRAINT webhook_endpoint_url_check CHECK (((length(url) >= 1) AND (length(url) <= 2048)))
 );
@@ -1549,6 +1655,13 @@ ALTER TABLE ONLY notifyq.key_concurrency
 
 ALTER TABLE ONLY notifyq.key_holder
     ADD CONSTRAINT key_holder_pkey PRIMARY KEY (id);
+
+--
+-- Name: key_rate key_rate_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.key_rate
+    ADD CONSTRAINT key_rate_pkey PRIMARY KEY (key);
 
 --
 -- Name: key_rotation_failure key_rotation_failure_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
@@ -1838,6 +1951,12 @@ CREATE INDEX webhook_secret_endpoint_idx ON notifyq.webhook_secret USING btree (
 --
 
 CREATE TRIGGER job_run_finished AFTER UPDATE OF finished_at ON notifyq.job_run FOR EACH ROW WHEN (((new.awaited OR (new.parent_run_id IS NOT NULL) OR new.has_children) AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])))) EXECUTE FUNCTION notifyq._after_run_finished();
+
+--
+-- Name: webhook_endpoint webhook_endpoint_rate_sync; Type: TRIGGER; Schema: notifyq; Owner: -
+--
+
+CREATE TRIGGER webhook_endpoint_rate_sync AFTER INSERT OR DELETE OR UPDATE OF rate_limit ON notifyq.webhook_endpoint FOR EACH ROW EXECUTE FUNCTION notifyq._webhook_endpoint_rate_sync();
 
 --
 -- Name: job_run job_run_parent_run_id_fkey; Type: FK CONSTRAINT; Schema: notifyq; Owner: -

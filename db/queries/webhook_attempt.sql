@@ -61,6 +61,7 @@ v AS (
                              AND v.ord > coalesce(k.ok_ord, 0)))::integer AS failures
     FROM v LEFT JOIN (SELECT endpoint_id, max(ord) AS ok_ord FROM v WHERE succeeded
                       GROUP BY endpoint_id) k ON k.endpoint_id = v.endpoint_id
+    WHERE v.succeeded IS NOT NULL  -- NULL: neither (a 429 with Retry-After holds the endpoint)
     GROUP BY v.endpoint_id
 ), changing AS (
     SELECT e.id, f.failing_since, f.failures, o.open_until

@@ -2,12 +2,13 @@
 
 -- name: webhook_endpoint_insert
 INSERT INTO {schema}.webhook_endpoint (url, description, event_types, headers, disabled_at,
-                                       disabled_reason, created_at, updated_at, tenant_id)
+                                       disabled_reason, created_at, updated_at, tenant_id,
+                                       rate_limit)
 VALUES (%(url)s, %(description)s, %(event_types)s::text[], %(headers)s::jsonb,
         CASE WHEN %(enabled)s THEN NULL ELSE coalesce(%(now)s::timestamptz, now()) END,
         CASE WHEN %(enabled)s THEN NULL ELSE 'created disabled' END,
         coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-        %(tenant_id)s)
+        %(tenant_id)s, %(rate_limit)s::integer)
 RETURNING *
 
 -- name: webhook_endpoint_seal_headers
@@ -57,12 +58,13 @@ LIMIT %(limit)s
 
 -- name: webhook_endpoint_update
 -- NULL leaves a field as it is; event_types is replaced only when set_event_types (NULL there
--- means "every event type").
+-- means "every event type"), rate_limit only when set_rate_limit (NULL there: unlimited).
 UPDATE {schema}.webhook_endpoint
 SET url = coalesce(%(url)s, url),
     description = coalesce(%(description)s, description),
     event_types = CASE WHEN %(set_event_types)s THEN %(event_types)s::text[] ELSE event_types END,
     headers = coalesce(%(headers)s::jsonb, headers),
+    rate_limit = CASE WHEN %(set_rate_limit)s THEN %(rate_limit)s::integer ELSE rate_limit END,
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s
 RETURNING *
@@ -136,3 +138,14 @@ WHERE (%(ids)s::uuid[] IS NULL OR e.id = ANY (%(ids)s::uuid[]))
   AND (%(tenant_ids)s::text[] IS NULL OR e.tenant_id = ANY (%(tenant_ids)s::text[]))
 ORDER BY e.id
 LIMIT %(limit)s
+
+-- name: webhook_endpoint_hold
+-- The receiver answered 429 with Retry-After: the keyed claim passes the endpoint's key over
+-- until `until` (migration 0028), new deliveries included; a later hold never shortens one.
+-- Returns the hold in force.
+INSERT INTO {schema}.key_rate AS k (key, held_until, updated_at)
+VALUES ('webhook:' || %(endpoint_id)s::uuid, %(until)s::timestamptz,
+        coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (key) DO UPDATE
+SET held_until = greatest(k.held_until, excluded.held_until), updated_at = excluded.updated_at
+RETURNING held_until

@@ -188,6 +188,7 @@ class QueryNames:
     webhook_endpoint_circuit_hold: LiteralString
     webhook_endpoint_delete: LiteralString
     webhook_endpoint_health: LiteralString
+    webhook_endpoint_hold: LiteralString
 
     # db/queries/webhook_event_type.sql
     webhook_event_type_upsert: LiteralString

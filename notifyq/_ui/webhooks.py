@@ -35,7 +35,8 @@ DONE = {"disable": "Endpoint disabled", "enable": "Endpoint enabled",
         "resend": "Resent", "rotate": "Secret rotated", "recover": "Failed deliveries resent",
         "replay": "Missed messages sent, a delivery each",
         "replay-more": "Missed messages sent, a delivery each; more are left: replay again",
-        "replay-none": "Nothing to replay: the endpoint missed no message since then"}
+        "replay-none": "Nothing to replay: the endpoint missed no message since then",
+        "rate": "Rate limit saved"}
 RECOVER_SINCE = timedelta(days=1)
 """What "Resend failed" offers to go back by, to begin with."""
 REVEAL_S = 60.0
@@ -121,10 +122,8 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
                 button="Disable and cancel pending deliveries", action=f"{path}/disable",
                 back=path)
         try:
-            if action == "disable":
-                await hooks.disable_endpoint(endpoint_id, "disabled in the dashboard")
-            elif action == "enable":
-                await hooks.enable_endpoint(endpoint_id)
+            if action in ("disable", "enable", "rate"):
+                await _change(hooks, endpoint_id, action, form)
             elif action == "recover":
                 since = _since(form)
                 recovered = await hooks.recover(endpoint_id, since)
@@ -211,6 +210,27 @@ async def _endpoint(hooks: Webhooks, endpoint_id: UUID) -> Endpoint:
         return await hooks.get_endpoint(endpoint_id)
     except WebhookNotFound:
         raise Problem(404, "No such endpoint", f"there is no endpoint {endpoint_id}") from None
+
+
+async def _change(hooks: Webhooks, endpoint_id: UUID, action: str,
+                  form: dict[str, str]) -> None:
+    if action == "disable":
+        await hooks.disable_endpoint(endpoint_id, "disabled in the dashboard")
+    elif action == "enable":
+        await hooks.enable_endpoint(endpoint_id)
+    else:
+        await hooks.update_endpoint(endpoint_id, rate_limit=_rate(form))
+
+
+def _rate(form: dict[str, str]) -> int | None:
+    """The rate-limit form's deliveries per second; empty: unlimited."""
+    text = form.get("rate_limit", "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise Problem(422, "Invalid rate limit", f"rate_limit: {text!r} is not a whole number "
+                      "of deliveries per second (leave it empty for unlimited)")
+    return int(text)
 
 
 def _since(form: dict[str, str]) -> datetime:

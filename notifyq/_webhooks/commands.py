@@ -71,10 +71,10 @@ def add_webhooks_parser(sub: Any) -> None:
 
 
 def _add_endpoints(actions: Any, parser_class: Any) -> None:
-    endpoints = actions.add_parser("endpoints", help="add, list, enable, disable, "
+    endpoints = actions.add_parser("endpoints", help="add, update, list, enable, disable, "
                                                      "rotate-secret")
     ops = endpoints.add_subparsers(dest="op", required=True, parser_class=parser_class,
-                                   metavar="add|list|enable|disable|rotate-secret")
+                                   metavar="add|update|list|enable|disable|rotate-secret")
     add = ops.add_parser("add", help="create an endpoint; prints its id (its secret, shown once, "
                                 "on stderr; both with --json)")
     add.add_argument("url", metavar="URL")
@@ -87,7 +87,19 @@ def _add_endpoints(actions: Any, parser_class: Any) -> None:
     add.add_argument("--disabled", action="store_true", help="create it disabled")
     add.add_argument("--tenant", dest="tenant_id", metavar="TENANT",
                      help="the tenant it belongs to, for good (default: none)")
+    add.add_argument("--rate-limit", type=_rate_limit, metavar="N",
+                     help="at most N deliveries per second, across all workers (default: "
+                          "unlimited)")
     add.set_defaults(func=cmd_endpoints_add)
+
+    update = ops.add_parser("update", help="change an endpoint's URL, description or rate "
+                                           "limit")
+    update.add_argument("endpoint_id", metavar="ID")
+    update.add_argument("--url")
+    update.add_argument("--description")
+    update.add_argument("--rate-limit", type=_rate_limit, metavar="N|none", default=...,
+                        help="at most N deliveries per second; none: unlimited")
+    update.set_defaults(func=cmd_endpoints_update)
 
     listing = ops.add_parser("list", help="endpoints, oldest first")
     listing.add_argument("--limit", type=int, default=100)
@@ -109,7 +121,7 @@ def _add_endpoints(actions: Any, parser_class: Any) -> None:
                         help="seconds the old secret stays valid (webhooks.secret_grace_s)")
     rotate.add_argument("--secret", help="whsec_... (default: generated)")
     rotate.set_defaults(func=cmd_endpoints_rotate)
-    for parser in (add, listing, enable, disable, rotate):
+    for parser in (add, update, listing, enable, disable, rotate):
         _common(parser)
 
 
@@ -157,8 +169,21 @@ def _endpoint_line(e: Endpoint) -> str:
                   f"{_plural(e.consecutive_failures, 'failure')}"
                   + (f" until {e.circuit_open_until.isoformat(timespec='seconds')}"
                      if circuit == "open" else ""))
+    if e.rate_limit is not None:
+        state += f", at most {e.rate_limit}/s"
     types = ",".join(e.event_types) if e.event_types else "*"
     return f"{e.id}  {state}  {types}  {e.url}"
+
+
+def _rate_limit(text: str) -> int | None:
+    """``--rate-limit``: a whole number of deliveries per second, or ``none``."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number of deliveries per second (or none)") from None
 
 
 def _headers(pairs: list[str] | None) -> dict[str, str]:
@@ -178,12 +203,22 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         e = await app.webhooks.create_endpoint(
             args.url, description=args.description, event_types=args.event_types,
             headers=headers, secret=args.secret, enabled=not args.disabled,
-            tenant_id=args.tenant_id, conn=conn)
+            tenant_id=args.tenant_id, rate_limit=args.rate_limit, conn=conn)
         _say(f"created endpoint {e.id} for {e.url} ({_types(e)}, "
              f"{'enabled' if e.enabled else 'disabled'})")
         if not args.json:  # stdout is the id alone (ID=$(...)); --json has the secret
             _say(f"secret (shown once, store it now): {e.secret}")
         _emit(args, e.to_json(), str(e.id))
+        return 0
+    return _run(args, go)
+
+
+def cmd_endpoints_update(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        e = await app.webhooks.update_endpoint(args.endpoint_id, url=args.url,
+                                               description=args.description,
+                                               rate_limit=args.rate_limit, conn=conn)
+        _emit(args, e.to_json(), _endpoint_line(e))
         return 0
     return _run(args, go)
 

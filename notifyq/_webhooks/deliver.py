@@ -28,6 +28,11 @@ it open anyway waits too, without a request or an attempt. After the cooldown th
 delivery is the probe (the others wait one attempt's time more): its success closes the
 circuit, its failure opens it again. Manual resends are not held.
 
+**429 with Retry-After.** The whole endpoint waits until then (``webhook_endpoint_hold``: the
+keyed claim passes its key over, migration 0028; its pending deliveries are parked), and the
+attempt counts neither toward the failure streak nor the breaker (recorded with ``succeeded``
+NULL). An endpoint's ``rate_limit`` is kept by the claim alone.
+
 A worker killed between the POST and step 4 leaves the run to the reaper; the retry sends the
 same ``webhook-id`` again (receivers deduplicate on it), as Standard Webhooks expects.
 """
@@ -49,7 +54,7 @@ from notifyq._tracing import child_span, mark_error, webhook_attempt
 from notifyq._webhooks.client import AttemptResult
 from notifyq._webhooks.endpoints import RESERVED_HEADERS
 from notifyq._webhooks.headers import unseal
-from notifyq._webhooks.schedule import Decision, decide
+from notifyq._webhooks.schedule import TOO_MANY_REQUESTS, Decision, decide, parse_retry_after
 from notifyq._webhooks.shares import Shares
 from notifyq._webhooks.signing import secret_key, signature_header
 
@@ -262,6 +267,18 @@ class Deliverer:
                  row["endpoint_id"], wait if wait > 0 else probe_s)
         raise Snooze(wait if wait > 0 else probe_s)
 
+    async def _hold_endpoint(self, endpoint_id: UUID, until: datetime) -> None:
+        """The receiver answered 429 with Retry-After: no delivery to it starts before
+        ``until``, on any worker (the claim passes its key over, migration 0028), and its
+        pending ones wait until then (so the producers wake when it ends)."""
+        app = self._rt
+        async with (await app.pool()).connection() as conn:
+            await conn.execute(app.queries.webhook_endpoint_hold, {
+                "endpoint_id": endpoint_id, "until": until, "now": app.clock.db_now()})
+        await self._park(endpoint_id, until)
+        log.info("webhook endpoint %s answered 429: held until %s", endpoint_id,
+                 until.isoformat())
+
     async def _park(self, endpoint_id: UUID, until: datetime) -> None:
         app = self._rt
         async with (await app.pool()).connection() as conn:
@@ -359,7 +376,8 @@ class Deliverer:
         scheduled = trigger == "scheduled"
         now = app.clock.now()
         status = _STATUS_AFTER[decision.kind] if scheduled or result.succeeded else None
-        if not result.succeeded:
+        held = _held_until(result, settings, now)
+        if not result.succeeded and held is None:
             decision = _after_circuit(decision, _expected_open(row, settings, now), now)
         next_at = None
         if decision.kind == "retry" and decision.delay_s is not None and scheduled:
@@ -377,11 +395,14 @@ class Deliverer:
             "response_body": result.body.decode(errors="replace").replace("\x00", "\ufffd"),
             "response_truncated": result.truncated, "next_attempt_at": next_at,
             "delivery_status": status, "counted": 1 if scheduled else 0,
-            "succeeded": result.succeeded})
+            # A hold asked for is not a failure: neither the streak nor the breaker counts it.
+            "succeeded": None if held is not None else result.succeeded})
+        if held is not None:
+            await self._hold_endpoint(row["endpoint_id"], held)
         disable = None
         if decision.kind == "gone":
             disable = "the endpoint answered 410 Gone"
-        elif not result.succeeded and failing_since is not None and (
+        elif not result.succeeded and held is None and failing_since is not None and (
                 now - failing_since).total_seconds() >= settings.disable_after_s:
             disable = f"failing continuously since {failing_since.isoformat()}"
         if disable is not None:
@@ -433,6 +454,18 @@ def _delivery_key(input: Any) -> tuple[str, UUID] | None:
         return message_id, UUID(endpoint_id)
     except ValueError:
         return None
+
+
+def _held_until(result: AttemptResult, settings: WebhookSettings,
+                now: datetime) -> datetime | None:
+    """Until when the whole endpoint waits: a 429 whose Retry-After asks for a time to come
+    (capped at ``webhooks.retry_after_max_s``); None otherwise."""
+    if result.status_code != TOO_MANY_REQUESTS:
+        return None
+    asked = parse_retry_after(result.retry_after, now)
+    if not asked:
+        return None
+    return now + timedelta(seconds=min(asked, settings.retry_after_max_s))
 
 
 def _expected_open(row: dict[str, Any], settings: WebhookSettings,

@@ -38,6 +38,8 @@ MAX_EVENT_TYPE_LEN = 128
 MAX_DESCRIPTION_LEN = 1000
 MAX_SECRET_LEN = 200
 """A generous bound on ``whsec_`` + base64 of at most 64 bytes (94 characters)."""
+MAX_RATE_LIMIT = 1_000_000
+"""Deliveries per second an endpoint's ``rate_limit`` may say (the database checks it too)."""
 MAX_IDEMPOTENCY_KEY_LEN = 256
 MAX_PAYLOAD_BYTES = 262_144
 """A message's body as jsonb prints it; checked by the database (_send_webhook)."""
@@ -112,6 +114,17 @@ def check_headers(headers: dict[str, str] | None) -> dict[str, str]:
     return out
 
 
+def check_rate_limit(rate_limit: int | None) -> int | None:
+    """Deliveries per second (a whole number from 1), or None: unlimited."""
+    if rate_limit is None:
+        return None
+    if isinstance(rate_limit, bool) or not isinstance(rate_limit, int) or not (
+            1 <= rate_limit <= MAX_RATE_LIMIT):
+        raise InvalidEndpoint(f"rate_limit: deliveries per second, a whole number from 1 to "
+                              f"{MAX_RATE_LIMIT} (or null: unlimited), got {rate_limit!r}")
+    return rate_limit
+
+
 def check_event_types(event_types: list[str] | None) -> list[str] | None:
     if event_types is None:
         return None
@@ -146,6 +159,8 @@ class Endpoint:
     """Failed attempts since the last success (the circuit breaker's count)."""
     circuit_open_until: datetime | None = None
     """Until when the circuit breaker parks the endpoint's deliveries (None: closed)."""
+    rate_limit: int | None = None
+    """Deliveries per second at most, across all workers (None: unlimited)."""
 
     @property
     def enabled(self) -> bool:
@@ -164,7 +179,8 @@ class Endpoint:
                    dict(row["headers"] or {}), row["disabled_at"], row["disabled_reason"],
                    row["failing_since"], row["created_at"], row["updated_at"],
                    int(row.get("valid_secrets") or 0), secret, row.get("tenant_id"),
-                   int(row.get("consecutive_failures") or 0), row.get("circuit_open_until"))
+                   int(row.get("consecutive_failures") or 0), row.get("circuit_open_until"),
+                   row.get("rate_limit"))
 
     def to_json(self, now: datetime | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -173,7 +189,7 @@ class Endpoint:
             "disabled_at": _iso(self.disabled_at), "disabled_reason": self.disabled_reason,
             "failing_since": _iso(self.failing_since), "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at), "valid_secrets": self.valid_secrets,
-            "tenant_id": self.tenant_id,
+            "tenant_id": self.tenant_id, "rate_limit": self.rate_limit,
             "circuit": {"state": self.circuit_state(now),
                         "consecutive_failures": self.consecutive_failures,
                         "open_until": _iso(self.circuit_open_until)}}

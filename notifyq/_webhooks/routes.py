@@ -33,6 +33,7 @@ from notifyq._webhooks.endpoints import (
     MAX_HEADER_NAME_LEN,
     MAX_HEADER_VALUE_LEN,
     MAX_IDEMPOTENCY_KEY_LEN,
+    MAX_RATE_LIMIT,
     MAX_SECRET_LEN,
     MAX_URL_LENGTH,
 )
@@ -48,6 +49,8 @@ Description = Annotated[Text, Field(max_length=MAX_DESCRIPTION_LEN)]
 Secret = Annotated[str, Field(max_length=MAX_SECRET_LEN)]
 Tenants = Annotated[list[str] | None, Depends(token_tenants)]
 TenantId = Annotated[Text, Field(min_length=1, max_length=512)]
+RateLimit = Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT, strict=True, description=(
+    "deliveries per second at most, across all workers; null: unlimited"))]
 
 
 
@@ -66,6 +69,7 @@ class EndpointIn(_In):
     enabled: bool = True
     tenant_id: TenantId | None = Field(None, description=(
         "the tenant it belongs to, for good; a token limited to one tenant sets its own"))
+    rate_limit: RateLimit | None = None
 
 
 class EndpointPatch(_In):
@@ -74,6 +78,8 @@ class EndpointPatch(_In):
     event_types: EventTypes | None = None
     headers: Header | None = None
     enabled: bool | None = None
+    rate_limit: RateLimit | None = Field(None, description=(
+        "deliveries per second at most; null: unlimited; absent: unchanged"))
 
 
 class CircuitOut(BaseModel):
@@ -98,6 +104,8 @@ class EndpointOut(BaseModel):
     updated_at: datetime
     valid_secrets: int
     tenant_id: str | None = None
+    rate_limit: int | None = Field(None, description="deliveries per second at most; null: "
+                                                     "unlimited")
     circuit: CircuitOut
     secret: str | None = Field(None, description="only in the answer to create and "
                                                  "rotate-secret: store it now")
@@ -155,7 +163,7 @@ class ResendIn(_In):
 def _endpoint_field(message: str) -> str:
     head = message.split(":", 1)[0]
     return head if head in ("url", "headers", "event_types", "secret", "grace_s", "schema",
-                            "description", "endpoint", "limit") else "body"
+                            "description", "endpoint", "limit", "rate_limit") else "body"
 
 
 async def _answer(call: Callable[[], Awaitable[Any]]) -> Any:
@@ -268,7 +276,7 @@ def _add_endpoint_routes(router: APIRouter, app: App, read: list[Any],
             endpoint = await app.webhooks.create_endpoint(
                 body.url, description=body.description, event_types=body.event_types,
                 headers=body.headers, secret=body.secret, enabled=body.enabled,
-                tenant_id=tenant_id)
+                tenant_id=tenant_id, rate_limit=body.rate_limit)
             return JSONResponse(endpoint.to_json(), status_code=201)
         return await _answer(go)
 
@@ -313,8 +321,9 @@ def _add_endpoint_routes(router: APIRouter, app: App, read: list[Any],
             given = body.model_fields_set
             changes: dict[str, Any] = {k: getattr(body, k) for k in
                                        ("url", "description", "headers") if k in given}
-            if "event_types" in given:
-                changes["event_types"] = body.event_types
+            for field in ("event_types", "rate_limit"):  # null means something: sent as is
+                if field in given:
+                    changes[field] = getattr(body, field)
             endpoint = await app.webhooks.update_endpoint(id, **changes)
             if body.enabled is True:
                 endpoint = await app.webhooks.enable_endpoint(id)

@@ -155,11 +155,15 @@ class Webhooks:
                               event_types: list[str] | None = None,
                               headers: dict[str, str] | None = None, secret: str | None = None,
                               enabled: bool = True, tenant_id: str | None = None,
+                              rate_limit: int | None = None,
                               conn: AnyConn | None = None) -> Endpoint:
         """Create an endpoint; the returned one carries ``secret`` (generated unless given),
         the only time it is shown. ``event_types`` None subscribes to every type. ``tenant_id``
-        is the tenant it belongs to, for good (tokens limited to other tenants never see it)."""
+        is the tenant it belongs to, for good (tokens limited to other tenants never see it).
+        ``rate_limit``: at most this many deliveries per second, across all workers (None:
+        unlimited)."""
         url = checks.check_url(url, self.settings)
+        rate_limit = checks.check_rate_limit(rate_limit)
         headers = checks.check_headers(headers)
         event_types = checks.check_event_types(event_types)
         await self._catalog.check_subscription(
@@ -170,7 +174,7 @@ class Webhooks:
             row = await self._one(c, self._rt.queries.webhook_endpoint_insert, {
                 "url": url, "description": description or "", "event_types": event_types,
                 "headers": Jsonb({}), "enabled": enabled, "now": self._now(),
-                "tenant_id": tenant_id})
+                "tenant_id": tenant_id, "rate_limit": rate_limit})
             assert row is not None  # noqa: S101 - INSERT ... RETURNING
             if headers:
                 row = await self._seal_headers(c, keyring, row["id"],
@@ -262,10 +266,13 @@ class Webhooks:
                               description: str | None = None,
                               event_types: list[str] | object | None = ...,
                               headers: dict[str, str] | None = None,
+                              rate_limit: int | object | None = ...,
                               conn: AnyConn | None = None) -> Endpoint:
-        """Change what is given (``event_types=None`` means every type; leave it out to keep
-        the current filter)."""
+        """Change what is given (``event_types=None`` means every type, ``rate_limit=None``
+        unlimited; leave either out to keep it)."""
         set_types = event_types is not ...
+        set_rate = rate_limit is not ...
+        rate = checks.check_rate_limit(rate_limit) if set_rate else None  # type: ignore[arg-type]
         types = checks.check_event_types(event_types) if isinstance(event_types, list) else None
         await self._catalog.check_subscription(
             types, allow_unknown=self.settings.allow_unknown_event_types)
@@ -273,7 +280,8 @@ class Webhooks:
         params = {"id": endpoint, "now": self._now(),
                   "url": checks.check_url(url, self.settings) if url is not None else None,
                   "description": description, "set_event_types": set_types,
-                  "event_types": types, "headers": None}
+                  "event_types": types, "headers": None, "set_rate_limit": set_rate,
+                  "rate_limit": rate}
         given = checks.check_headers(headers) if headers is not None else None
         async with self._conn(conn) as c, c.transaction():
             updated = await self._write(self._rt.queries.webhook_endpoint_update, params, c)

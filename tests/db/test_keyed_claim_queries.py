@@ -165,3 +165,69 @@ def test_a_retry_room_counts_only_the_workers_retries_of_that_pool(db: Conn,
     assert run is not None
     db.execute("UPDATE notifyq.job_run SET status = 'completed' WHERE id = %s", (run["id"],))
     assert len(claim(db, q, T0, pool="webhooks", limit=10, keyed=True)) == 1
+
+
+def _endpoint(db: Conn, q: Queries, rate_limit: int | None) -> Any:
+    row = db.execute(q.webhook_endpoint_insert, {
+        "url": "https://hooks.example/r", "description": "", "event_types": None,
+        "headers": Jsonb({}), "enabled": True, "now": T0, "tenant_id": None,
+        "rate_limit": rate_limit}).fetchone()
+    assert row is not None
+    return row["id"]
+
+
+def test_an_endpoints_rate_limit_caps_the_starts_of_its_key_per_second(db: Conn,
+                                                                        q: Queries) -> None:
+    endpoint = _endpoint(db, q, 3)
+    key = f"webhook:{endpoint}"
+    db.execute("INSERT INTO notifyq.key_concurrency VALUES (%s, 100, now())", (key,))
+    _backlog(db, {key: 50, "webhook:free": 10}, limit=100)
+    # 3 a second is 1 per third of a second (bursts of a tenth of the rate, at least one).
+    got = claim(db, q, T0, pool="webhooks", limit=100, keyed=True)
+    assert _running(db) == {key: 1, "webhook:free": 10}  # its rate; the other has none
+    assert len(got) == 11
+    assert claim(db, q, T0 + timedelta(seconds=0.3), pool="webhooks", limit=100,
+                 keyed=True) == []  # the window is full, across workers: one window per key
+    started = [len(claim(db, q, T0 + timedelta(seconds=0.35 * n), pool="webhooks",
+                         limit=100, keyed=True, worker_id=f"w{n % 2}")) for n in range(1, 9)]
+    assert sum(started) == 3 * 3 - 1  # in the next 2.8 s: one each third of a second
+    # Full, the pool's next start is when the window has room again: the producer wakes then.
+    delay = db.execute(q.job_run_next_run_at, {"pool": "webhooks",
+                                               "now": T0 + timedelta(seconds=2.81)}).fetchone()
+    assert delay is not None
+    assert 0 < delay["delay_s"] <= 0.34
+
+
+def test_the_endpoints_rate_follows_its_row(db: Conn, q: Queries) -> None:
+    endpoint = _endpoint(db, q, 5)
+    key = f"webhook:{endpoint}"
+    rates = "SELECT rate_limit, period_s FROM notifyq.key_rate WHERE key = %s"
+    assert db.execute(rates, (key,)).fetchall() == [{"rate_limit": 1, "period_s": 0.2}]
+    db.execute("UPDATE notifyq.webhook_endpoint SET rate_limit = 25 WHERE id = %s", (endpoint,))
+    assert db.execute(rates, (key,)).fetchall() == [{"rate_limit": 3, "period_s": 0.12}]
+    db.execute("UPDATE notifyq.webhook_endpoint SET rate_limit = NULL WHERE id = %s",
+               (endpoint,))
+    assert db.execute(rates, (key,)).fetchall() == [{"rate_limit": None, "period_s": 0.12}]
+    assert _endpoint(db, q, None) is not None  # unlimited: no row
+    assert db.execute("SELECT count(*) AS n FROM notifyq.key_rate").fetchone() == {"n": 1}
+    db.execute("DELETE FROM notifyq.webhook_endpoint WHERE id = %s", (endpoint,))
+    assert db.execute(rates, (key,)).fetchall() == []
+
+
+def test_a_held_endpoint_starts_nothing_until_its_hold_ends(db: Conn, q: Queries) -> None:
+    endpoint = _endpoint(db, q, None)
+    key = f"webhook:{endpoint}"
+    _backlog(db, {key: 4, "webhook:other": 2})
+    held = db.execute(q.webhook_endpoint_hold, {"endpoint_id": endpoint,
+                                                "until": T0 + timedelta(seconds=2),
+                                                "now": T0}).fetchone()
+    assert held == {"held_until": T0 + timedelta(seconds=2)}
+    shorter = db.execute(q.webhook_endpoint_hold, {"endpoint_id": endpoint,
+                                                   "until": T0 + timedelta(seconds=1),
+                                                   "now": T0}).fetchone()
+    assert shorter == held  # a later, shorter hold does not end one
+    assert len(claim(db, q, T0 + timedelta(seconds=1.9), pool="webhooks", limit=100,
+                     keyed=True)) == 2
+    assert _running(db) == {"webhook:other": 2}
+    assert len(claim(db, q, T0 + timedelta(seconds=2), pool="webhooks", limit=100,
+                     keyed=True)) == 4

@@ -71,7 +71,8 @@ def test_single_and_bulk_changes_leave_the_runs_of_other_tenants_alone(db: Conn,
 def _tenant_endpoint(db: Conn, q: Queries, tenant: str | None) -> Any:
     row = db.execute(q.webhook_endpoint_insert, {
         "url": "https://hooks.example/x", "description": "", "event_types": None,
-        "headers": Jsonb({}), "enabled": True, "now": T0, "tenant_id": tenant}).fetchone()
+        "headers": Jsonb({}), "enabled": True, "now": T0, "tenant_id": tenant,
+        "rate_limit": None}).fetchone()
     assert row is not None
     assert row["tenant_id"] == tenant
     return row["id"]

@@ -21,7 +21,7 @@ def _endpoint(db: Conn, q: Queries, *, event_types: list[str] | None = None,
     row = db.execute(q.webhook_endpoint_insert, {
         "url": "https://hooks.example/x", "description": "d", "event_types": event_types,
         "headers": Jsonb({"X-A": "1"}), "enabled": enabled, "now": T0,
-        "tenant_id": None}).fetchone()
+        "tenant_id": None, "rate_limit": None}).fetchone()
     assert row is not None
     db.execute(q.webhook_secret_insert, {"id": uuid.uuid4(), "endpoint_id": row["id"],
                                          "ciphertext": b"c" * 40, "now": T0})
@@ -100,15 +100,17 @@ def test_endpoints_are_inserted_listed_updated_disabled_enabled_and_deleted(
 
     updated = db.execute(q.webhook_endpoint_update, {
         "id": first, "url": None, "description": "new", "set_event_types": True,
-        "event_types": ["x.y"], "headers": None, "now": T0}).fetchone()
+        "event_types": ["x.y"], "headers": None, "now": T0, "set_rate_limit": True,
+        "rate_limit": 7}).fetchone()
     assert updated is not None
     assert (updated["description"], updated["event_types"], updated["url"]) == (
         "new", ["x.y"], "https://hooks.example/x")
     kept = db.execute(q.webhook_endpoint_update, {
         "id": first, "url": None, "description": None, "set_event_types": False,
-        "event_types": None, "headers": None, "now": T0}).fetchone()
+        "event_types": None, "headers": None, "now": T0, "set_rate_limit": False,
+        "rate_limit": None}).fetchone()
     assert kept is not None
-    assert kept["event_types"] == ["x.y"]
+    assert (kept["event_types"], kept["rate_limit"]) == (["x.y"], 7)
 
     off = db.execute(q.webhook_endpoint_disable, {"id": first, "reason": "one", "now": T0}
                      ).fetchone()
@@ -345,7 +347,8 @@ def test_header_values_are_sealed_listed_while_in_clear_and_read_back(
     clear = _endpoint(db, q)  # written with clear header values, as before 0014
     empty = db.execute(q.webhook_endpoint_insert, {
         "url": "https://hooks.example/y", "description": "", "event_types": None,
-        "headers": Jsonb({}), "enabled": True, "now": T0, "tenant_id": None}).fetchone()
+        "headers": Jsonb({}), "enabled": True, "now": T0, "tenant_id": None,
+        "rate_limit": None}).fetchone()
     assert empty is not None
     unsealed = db.execute(q.webhook_endpoint_list_unsealed, {"limit": 10}).fetchall()
     assert unsealed == [{"id": clear, "headers": {"X-A": "1"}}]

@@ -472,3 +472,25 @@ def test_the_footer_and_the_first_line_serve_logs_show_the_version(served: Serve
         assert f'<span id="version">{notifyq.__version__}</span>' in page.text, path
     first_line = served.log_path.read_text().splitlines()[0]
     assert f"notifyq {notifyq.__version__} serve starting" in first_line
+
+
+def test_an_endpoints_rate_limit_is_shown_and_set_on_its_page(served: Served,
+                                                               admin: Dashboard,
+                                                               reader: Dashboard) -> None:
+    with served.client() as http:
+        endpoint = http.post("/v1/webhooks/endpoints", json={
+            "url": "http://127.0.0.1:9/hook", "rate_limit": 4}).json()
+    path = f"/ui/webhooks/endpoints/{endpoint['id']}"
+    assert "at most 4 deliveries per second" in admin.get(path).text
+    saved = admin.post(f"{path}/rate", {"rate_limit": "12"})
+    assert saved.status_code == 303
+    page = admin.get(saved.headers["location"]).text
+    assert "Rate limit saved" in page
+    assert "at most 12 deliveries per second" in page
+    assert admin.post(f"{path}/rate", {"rate_limit": "fast"}).status_code == 422
+    assert admin.post(f"{path}/rate", {"rate_limit": "0"}).status_code == 409
+    assert reader.post(f"{path}/rate", {"rate_limit": ""}).status_code == 403
+    unlimited = admin.post(f"{path}/rate", {"rate_limit": ""})
+    assert "unlimited" in admin.get(unlimited.headers["location"]).text
+    with served.client() as http:
+        assert http.get(f"/v1/webhooks/endpoints/{endpoint['id']}").json()["rate_limit"] is None
