@@ -125,7 +125,7 @@ DECLARE
     types_paused boolean;
     used      integer;
     step      bigint;
-    retry_room integer;
+    retry_cap integer;
     ids       uuid[];
 BEGIN
     IF EXISTS (SELECT FROM pause WHERE kind = 'pool' AND name = p_pool) THEN
@@ -146,14 +146,8 @@ BEGIN
     -- the retry keys with what is left, at most the worker's retry room: the share of its
     -- concurrency it registered for the pool (worker.retry_slots) minus the retries it holds.
     IF remaining > 0 THEN
-        retry_room := remaining;
-        SELECT greatest(0, (w.retry_slots ->> p_pool)::integer
-                           - (SELECT count(*)::integer FROM job_run j
-                              WHERE j.status = 'running' AND j.leased_by = p_worker_id
-                                AND j.pool = p_pool AND j.started_at < j.claimed_at))
-        INTO retry_room
-        FROM worker w WHERE w.id = p_worker_id AND w.retry_slots ? p_pool;
-        retry_room := least(coalesce(retry_room, remaining), remaining);
+        SELECT (w.retry_slots ->> p_pool)::integer INTO retry_cap
+        FROM worker w WHERE w.id = p_worker_id;
         ids := ARRAY(
             WITH RECURSIVE keys(key) AS (
                 (SELECT concurrency_key FROM job_run
@@ -216,7 +210,15 @@ BEGIN
                     LIMIT r.free
                     FOR UPDATE SKIP LOCKED) c
                 WHERE h.retry
-                LIMIT least(retry_room, remaining - (SELECT count(*) FROM firsts))
+                -- The retries this worker holds are counted only when a retry key is due (a
+                -- pass over the running runs' index).
+                LIMIT least(remaining - (SELECT count(*) FROM firsts), CASE
+                    WHEN retry_cap IS NULL THEN remaining
+                    WHEN NOT EXISTS (SELECT FROM heads WHERE heads.retry) THEN 0
+                    ELSE greatest(0, retry_cap - (
+                        SELECT count(*)::integer FROM job_run j
+                        WHERE j.status = 'running' AND j.leased_by = p_worker_id
+                          AND j.pool = p_pool AND j.started_at < j.claimed_at)) END)
             )
             SELECT id FROM firsts UNION ALL SELECT id FROM retries);
         RETURN QUERY SELECT * FROM _claim_ids(ids, p_worker_id, p_lease_s, now_);

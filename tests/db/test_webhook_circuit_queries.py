@@ -153,3 +153,26 @@ def test_an_attempt_that_could_not_be_sent_is_recorded_as_invalid(
     _record_many(db, q, [attempt], T0)
     with pytest.raises(psycopg.errors.CheckViolation):
         _record_many(db, q, [{**attempt, "error_kind": "bogus"}], T0)
+
+
+def test_an_attempt_recorded_as_neither_leaves_the_streak_and_the_circuit_alone(
+        db: Conn, q: Queries) -> None:
+    # A 429 with Retry-After (migration 0028): recorded with succeeded NULL.
+    endpoint = _endpoint(db, q)
+    assert _fail(db, q, endpoint, T0, n=2) == {"consecutive_failures": 2,
+                                               "circuit_open_until": None}
+    message = _send(db, q, endpoint_id=endpoint)["message_id"]
+    held = {**_attempt(message, endpoint, succeeded=False, status="pending", code=429),
+            "succeeded": None}
+    streak = _record_many(db, q, [held] * 3, T0 + timedelta(seconds=1), breaker_failures=3)
+    assert _circuit(db, endpoint) == {"consecutive_failures": 2, "circuit_open_until": None}
+    assert streak[0] == T0  # the streak the failures started, unchanged
+    fresh = _endpoint(db, q)
+    message = _send(db, q, endpoint_id=fresh)["message_id"]
+    _record_many(db, q, [{**held, "message_id": message, "endpoint_id": fresh}], T0)
+    row = db.execute("SELECT failing_since FROM notifyq.webhook_endpoint WHERE id = %s",
+                     (fresh,)).fetchone()
+    assert row == {"failing_since": None}  # no streak started
+    attempts = db.execute("SELECT count(*) AS n FROM notifyq.webhook_attempt "
+                          "WHERE status_code = 429").fetchone()
+    assert attempts == {"n": 4}  # each still an attempt on record
