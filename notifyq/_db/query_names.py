@@ -136,6 +136,14 @@ class QueryNames:
     notifier_listen: LiteralString
     notifier_ping: LiteralString
 
+    # db/queries/operator_event.sql
+    operator_event_record: LiteralString
+    operator_event_record_failing: LiteralString
+    operator_event_claim: LiteralString
+    operator_event_sent: LiteralString
+    operator_event_list: LiteralString
+    operator_event_prune: LiteralString
+
     # db/queries/pause.sql
     pause_set: LiteralString
     pause_clear: LiteralString
