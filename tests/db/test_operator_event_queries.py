@@ -75,10 +75,12 @@ def test_endpoints_failing_for_long_are_recorded_once_per_streak(
             second = db2.execute(q.operator_event_record_failing, params).fetchall()
         except psycopg.errors.LockNotAvailable:
             second = []  # waits on the first's unique key; after its commit it inserts nothing
-    assert len(first) == 1 and second == []
+    assert len(first) == 1
+    assert second == []
     assert db.execute(q.operator_event_record_failing, params).fetchall() == []
     [event] = _events(db, "endpoint.failing")
-    assert event["endpoint_id"] == failing and event["detail"]["failing_for_s"] == 3600
+    assert event["endpoint_id"] == failing
+    assert event["detail"]["failing_for_s"] == 3600
     message = _send(db, q, endpoint_id=failing)["message_id"]   # the streak ends...
     _record_many(db, q, [_attempt(message, failing, succeeded=True, status="succeeded")],
                  T0 + timedelta(hours=1))
