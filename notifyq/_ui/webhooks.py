@@ -57,6 +57,10 @@ class Reveals:
         return secret if expires > now else None
 
 
+OPERATOR_EVENTS_SHOWN = 20
+"""The recent operator events under the endpoints (``notifyq webhooks events`` lists more)."""
+
+
 def _endpoint_id(text: str) -> UUID:
     try:
         return UUID(text)
@@ -87,8 +91,9 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
         items = await hooks.list_endpoints(limit=1000)
         health = {h["endpoint_id"]: h for h in await hooks.health(
             endpoint_ids=[e.id for e in items])}
+        events = await hooks.operator_events(limit=OPERATOR_EVENTS_SHOWN)
         return ui.page(request, viewer, "webhooks.html", endpoints=items, health=health,
-                       done=_done(request))
+                       events=events, done=_done(request))
 
     @router.get("/webhooks/endpoints/{id}", response_class=HTMLResponse)
     async def endpoint(request: Request, id: str, viewer: Signed) -> Response:
