@@ -40,8 +40,12 @@ def test_disabling_an_endpoint_records_one_event_however_often_it_is_disabled(
     assert event["detail"]["reason"] == "the endpoint answered 410 Gone"
     db.execute(q.webhook_endpoint_enable, {"id": endpoint, "now": T0})
     db.execute(q.webhook_endpoint_disable, {"id": endpoint, "reason": "maintenance", "now": T0})
+    db.execute(q.webhook_endpoint_enable, {"id": endpoint, "now": T0})
+    db.execute(q.webhook_endpoint_disable, {
+        "id": endpoint, "reason": "failing continuously since 2030-01-01T12:00:00+00:00",
+        "now": T0})
     assert [e["detail"]["cause"] for e in _events(db, "endpoint.disabled")] == [
-        "gone", "operator"]
+        "gone", "operator", "failing"]
 
 
 def test_the_circuit_opening_and_closing_each_record_one_event_per_streak(
