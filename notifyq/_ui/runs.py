@@ -131,26 +131,12 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
         return ui.page(request, viewer, "runs.html", **await listing(request, whole=True),
                        done=_done(request))
 
-    @router.get("/runs/counts", response_class=HTMLResponse)
-    async def counts(request: Request, viewer: Signed) -> Response:
-        """The state tabs with their counts and the filter's "N matching", asked for by the
-        Runs page once its list is shown: on a large table a count that stops short of its cap
-        reads every run the filter's id range covers, which the list never waits for."""
-        params = query(request.query_params, *FILTERS)
-        where = run_filter(params)
-        any_state = replace(where, status=None, status_in=None, due=None, retried=None)
-        async with (await app.pool()).connection() as conn:
-            page = _tabs(params, await control.count_states(conn, any_state,
-                                                            budget_s=STATES_BUDGET_S))
-            matching = await control.count_matching(conn, where, budget_s=MATCHING_BUDGET_S)
-        return ui.page(request, viewer, "runs_counts.html", **page, matching=matching,
-                       cap=COUNT_CAP, filters=params, counted=True)
-
     @router.get("/runs/rows", response_class=HTMLResponse)
     async def rows(request: Request, viewer: Signed) -> Response:
         return ui.page(request, viewer, "runs_rows.html", **await listing(request))
 
     _add_bulk(router, app, ui)
+    _add_counts(router, app, ui)
 
     @router.get("/runs/{id}", response_class=HTMLResponse)
     async def detail(request: Request, id: str, viewer: Signed) -> Response:
@@ -221,6 +207,25 @@ def _tabs(filters: dict[str, str], counts: dict[str, int | None]) -> dict[str, A
     for tab in tabs:
         tab["current"] = tab["state"] == current
     return {"tabs": tabs}
+
+
+def _add_counts(router: APIRouter, app: App, ui: Ui) -> None:
+    control = app._control
+
+    @router.get("/runs/counts", response_class=HTMLResponse)
+    async def counts(request: Request, viewer: Signed) -> Response:
+        """The state tabs with their counts and the filter's "N matching", asked for by the
+        Runs page once its list is shown: on a large table a count that stops short of its cap
+        reads every run the filter's id range covers, which the list never waits for."""
+        params = query(request.query_params, *FILTERS)
+        where = run_filter(params)
+        any_state = replace(where, status=None, status_in=None, due=None, retried=None)
+        async with (await app.pool()).connection() as conn:
+            page = _tabs(params, await control.count_states(conn, any_state,
+                                                            budget_s=STATES_BUDGET_S))
+            matching = await control.count_matching(conn, where, budget_s=MATCHING_BUDGET_S)
+        return ui.page(request, viewer, "runs_counts.html", **page, matching=matching,
+                       cap=COUNT_CAP, filters=params, counted=True)
 
 
 def _add_bulk(router: APIRouter, app: App, ui: Ui) -> None:
