@@ -69,6 +69,7 @@ class QueryNames:
     job_run_series: LiteralString
     job_run_type_overview: LiteralString
     job_run_read_no_jit: LiteralString
+    job_run_count_timeout: LiteralString
     job_run_await: LiteralString
     job_run_get_for_update: LiteralString
     job_run_replay: LiteralString
