@@ -903,6 +903,7 @@ CREATE FUNCTION notifyq._send_webhooks_rows(p_event_types text[], p_payloads tex
                CASE WHEN d.concurrency_key_template IS NOT NULL
                     THEN coalesce(d.concurrency_limit, 1) END
         FROM targets t LEFT JOIN job d ON d.type = 'webhook.deliver'
+        ORDER BY t.n, t.endpoint_id   -- 0029: run ids in the batch's order (uuid7() after the sort)
         RETURNING id, input ->> 'message_id' AS message_id,
                   (input ->> 'endpoint_id')::uuid AS endpoint_id
     ), delivered AS (
@@ -1156,6 +1157,7 @@ CREATE TABLE notifyq.key_concurrency (
     key text NOT NULL,
     concurrency_limit integer NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    pinned boolean DEFAULT false NOT NULL,
     CONSTRAINT key_concurrency_concurrency_limit_check CHECK ((concurrency_limit >= 1))
 );
 
@@ -1396,6 +1398,7 @@ CREATE TABLE notifyq.webhook_endpoint (
     tenant_id text,
     consecutive_failures integer DEFAULT 0 NOT NULL,
     circuit_open_until timestamp with time zone,
+    ordered boolean DEFAULT false NOT NULL,
     CONSTRAINT webhook_endpoint_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
     CONSTRAINT webhook_endpoint_headers_check CHECK ((jsonb_typeof(headers) = 'object'::text)),
     CONSTRAINT webhook_endpoint_tenant_id_check CHECK (((length(tenant_id) >= 1) AND (length(tenant_id) <= 512))),
