@@ -903,7 +903,6 @@ CREATE FUNCTION notifyq._send_webhooks_rows(p_event_types text[], p_payloads tex
                CASE WHEN d.concurrency_key_template IS NOT NULL
                     THEN coalesce(d.concurrency_limit, 1) END
         FROM targets t LEFT JOIN job d ON d.type = 'webhook.deliver'
-        ORDER BY t.n, t.endpoint_id   -- 0029: run ids in the batch's order (uuid7() after the sort)
         RETURNING id, input ->> 'message_id' AS message_id,
                   (input ->> 'endpoint_id')::uuid AS endpoint_id
     ), delivered AS (
