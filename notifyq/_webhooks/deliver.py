@@ -28,6 +28,12 @@ it open anyway waits too, without a request or an attempt. After the cooldown th
 delivery is the probe (the others wait one attempt's time more): its success closes the
 circuit, its failure opens it again. Manual resends are not held.
 
+**Ordered endpoints** (``webhook_endpoint.ordered``, migration 0029): their key's limit is
+pinned to 1, and a scheduled delivery of one that snoozes (a retry, or held by the circuit)
+first keeps its place at the head of the endpoint's line (``webhook_delivery_keep_place``: the
+best priority), so the keyed claim holds the later deliveries back until it is over, without
+moving their run_at or counting an attempt of theirs.
+
 A worker killed between the POST and step 4 leaves the run to the reaper; the retry sends the
 same ``webhook-id`` again (receivers deduplicate on it), as Standard Webhooks expects.
 """
