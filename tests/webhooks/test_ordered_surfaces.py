@@ -1,17 +1,23 @@
 """Ordered endpoints and give-up over the admin API (in process, over ASGI, with its OpenAPI
-document) and the ``notifyq webhooks`` commands (real processes). What ordering does to
+document; tenant-limited tokens on a real ``notifyq serve``) and the ``notifyq webhooks``
+commands (real processes). What ordering does to
 deliveries: tests/webhooks/test_ordered.py."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from notifyq import App
+from tests import vault
+from tests.integration.serving import Served
 from tests.receiver import Receiver
+from tests.security.test_tenants import TENANT_A, TENANT_B, TOKENS, URL
 from tests.webhooks.test_api_cli import _cli, api  # noqa: F401 - the api fixture
 
 pytestmark = pytest.mark.anyio
@@ -91,3 +97,32 @@ def test_the_commands_add_update_list_and_give_up_an_ordered_endpoint(
     again = _cli(dsn, "give-up", message_id, "--endpoint", endpoint["id"])
     assert again.returncode == 1
     assert "is failed: only a pending one can be given up" in again.stderr
+
+
+def test_a_tenant_token_gives_up_only_its_tenants_deliveries(
+        tenant_served: Served) -> None:
+    with tenant_served.client(TENANT_A) as a, tenant_served.client(TENANT_B) as b:
+        mine = a.post("/v1/webhooks/endpoints", json={"url": URL, "ordered": True}).json()
+        theirs = b.post("/v1/webhooks/endpoints", json={"url": URL, "ordered": True}).json()
+        assert (mine["ordered"], mine["tenant_id"]) == (True, "a")
+        sent_a = a.post("/v1/webhooks/messages", json={
+            "event_type": "order.paid", "payload": {}, "endpoint_id": mine["id"]}).json()["id"]
+        sent_b = b.post("/v1/webhooks/messages", json={
+            "event_type": "order.paid", "payload": {}, "endpoint_id": theirs["id"]}).json()["id"]
+        for message, endpoint in ((sent_b, theirs), (sent_a, theirs), (sent_b, mine)):
+            refused = a.post(f"/v1/webhooks/messages/{message}/give-up",
+                             json={"endpoint_id": endpoint["id"]})
+            assert refused.status_code == 404, (message, endpoint["id"], refused.text)
+        given = a.post(f"/v1/webhooks/messages/{sent_a}/give-up",
+                       json={"endpoint_id": mine["id"]})
+        assert given.status_code == 200, given.text
+        assert b.post(f"/v1/webhooks/messages/{sent_b}/give-up",
+                      json={"endpoint_id": theirs["id"]}).status_code == 200
+
+
+@pytest.fixture
+def tenant_served(dsn: str, logs: Path) -> Iterator[Served]:
+    """``notifyq serve`` without a worker, with tenant-limited tokens (tests/security)."""
+    env = {"NOTIFYQ_API__TOKENS": json.dumps(TOKENS), **vault.keys_env(1, active=1)}
+    with Served(dsn, logs / "serve.log", env=env, args=["--no-worker"]) as server:
+        yield server
