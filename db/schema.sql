@@ -1194,6 +1194,7 @@ CREATE TABLE notifyq.key_concurrency (
     key text NOT NULL,
     concurrency_limit integer NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    pinned boolean DEFAULT false NOT NULL,
     CONSTRAINT key_concurrency_concurrency_limit_check CHECK ((concurrency_limit >= 1))
 );
 
@@ -1465,6 +1466,7 @@ CREATE TABLE notifyq.webhook_endpoint (
     tenant_id text,
     consecutive_failures integer DEFAULT 0 NOT NULL,
     circuit_open_until timestamp with time zone,
+    ordered boolean DEFAULT false NOT NULL,
     CONSTRAINT webhook_endpoint_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
     CONSTRAINT webhook_endpoint_headers_check CHECK ((jsonb_typeof(headers) = 'object'::text)),
     CONSTRAINT webhook_endpoint_tenant_id_check CHECK (((length(tenant_id) >= 1) AND (length(tenant_id) <= 512))),

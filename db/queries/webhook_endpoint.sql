@@ -136,3 +136,11 @@ WHERE (%(ids)s::uuid[] IS NULL OR e.id = ANY (%(ids)s::uuid[]))
   AND (%(tenant_ids)s::text[] IS NULL OR e.tenant_id = ANY (%(tenant_ids)s::text[]))
 ORDER BY e.id
 LIMIT %(limit)s
+
+-- name: webhook_endpoint_set_ordered
+-- Ordered or not (0029): one delivery at a time, in send order. The caller pins or unpins the
+-- endpoint's concurrency key in the same transaction (key_concurrency_pin / _unpin).
+UPDATE {schema}.webhook_endpoint
+SET ordered = %(ordered)s, updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s
+RETURNING *

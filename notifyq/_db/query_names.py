@@ -118,6 +118,8 @@ class QueryNames:
 
     # db/queries/key_concurrency.sql
     key_concurrency_resize: LiteralString
+    key_concurrency_pin: LiteralString
+    key_concurrency_unpin: LiteralString
 
     # db/queries/leader.sql
     leader_attempt_elect: LiteralString
@@ -182,6 +184,9 @@ class QueryNames:
     webhook_delivery_missing_count: LiteralString
     webhook_delivery_replay_missing: LiteralString
     webhook_delivery_replay_lock: LiteralString
+    webhook_delivery_keep_place: LiteralString
+    webhook_delivery_release_places: LiteralString
+    webhook_delivery_give_up: LiteralString
 
     # db/queries/webhook_endpoint.sql
     webhook_endpoint_insert: LiteralString
@@ -197,6 +202,7 @@ class QueryNames:
     webhook_endpoint_circuit_hold: LiteralString
     webhook_endpoint_delete: LiteralString
     webhook_endpoint_health: LiteralString
+    webhook_endpoint_set_ordered: LiteralString
 
     # db/queries/webhook_event_type.sql
     webhook_event_type_upsert: LiteralString

@@ -24,7 +24,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
-from notifyq._errors import ConfigError, InvalidEndpoint, WebhookNotFound
+from notifyq._errors import ConfigError, InvalidEndpoint, InvalidTransition, WebhookNotFound
 from notifyq._ui.web import Problem, Signed, Ui, query, redirect, required_time
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.routes import MESSAGE_ID
@@ -35,7 +35,10 @@ DONE = {"disable": "Endpoint disabled", "enable": "Endpoint enabled",
         "resend": "Resent", "rotate": "Secret rotated", "recover": "Failed deliveries resent",
         "replay": "Missed messages sent, a delivery each",
         "replay-more": "Missed messages sent, a delivery each; more are left: replay again",
-        "replay-none": "Nothing to replay: the endpoint missed no message since then"}
+        "replay-none": "Nothing to replay: the endpoint missed no message since then",
+        "ordered": "Deliveries go one at a time, in send order",
+        "unordered": "Deliveries go in parallel again",
+        "give-up": "Delivery given up: the next message goes"}
 RECOVER_SINCE = timedelta(days=1)
 """What "Resend failed" offers to go back by, to begin with."""
 REVEAL_S = 60.0
@@ -75,15 +78,19 @@ def _message_id(text: str) -> str:
     return text
 
 
-def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
-    reveals = Reveals()
-
+def _service_of(app: App) -> Callable[[], Webhooks]:
     def service() -> Webhooks:
         if app._webhooks is None:
             raise Problem(409, "Webhooks are not enabled here", "this server has no keyring "
                           "(webhook secrets are stored encrypted): set NOTIFYQ_KEYS and "
                           "NOTIFYQ_ACTIVE_KEY_VERSION, or remove webhooks.enabled=false")
         return app._webhooks
+    return service
+
+
+def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
+    reveals = Reveals()
+    service = _service_of(app)
 
     @router.get("/webhooks", response_class=HTMLResponse)
     async def endpoints(request: Request, viewer: Signed) -> Response:
@@ -106,6 +113,8 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
                        next_cursor=deliveries[-1]["id"] if len(deliveries) == PAGE else None,
                        done=_done(request), recover_since=(datetime.now(UTC) - RECOVER_SINCE)
                        .strftime("%Y-%m-%dT%H:%M"))
+
+    _add_order_actions(router, ui, service)  # before /{action}, which would take their paths
 
     @router.post("/webhooks/endpoints/{id}/{action}", response_class=HTMLResponse)
     async def endpoint_action(request: Request, id: str, action: str) -> Response:
@@ -164,6 +173,41 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
         return redirect(request, f"/webhooks/endpoints/{endpoint_id}", done=action)
 
     _add_message_pages(router, ui, service)
+
+
+def _add_order_actions(router: APIRouter, ui: Ui, service: Callable[[], Webhooks]) -> None:
+    """An endpoint's order (one delivery at a time, in send order, or in parallel) and giving
+    up one of its pending deliveries (asked first): what unblocks an ordered endpoint."""
+
+    @router.post("/webhooks/endpoints/{id}/order", response_class=HTMLResponse)
+    async def order(request: Request, id: str) -> Response:
+        form = await ui.form(request)
+        endpoint_id, ordered = _endpoint_id(id), form.get("ordered") == "yes"
+        await _endpoint(service(), endpoint_id)
+        await service().update_endpoint(endpoint_id, ordered=ordered)
+        return redirect(request, f"/webhooks/endpoints/{endpoint_id}",
+                        done="ordered" if ordered else "unordered")
+
+    @router.post("/webhooks/endpoints/{id}/give-up", response_class=HTMLResponse)
+    async def give_up(request: Request, id: str) -> Response:
+        form = await ui.form(request)
+        endpoint_id = _endpoint_id(id)
+        message_id = _message_id(form.get("message_id", ""))
+        path = f"/webhooks/endpoints/{endpoint_id}"
+        if form.get("confirm") != "yes":
+            return ui.confirm(
+                request, question=f"Give up message {message_id}?",
+                consequence="Its delivery to this endpoint fails now and is not tried again "
+                "(\"Resend failed\" can start it anew); on an ordered endpoint the next "
+                "message goes at once.",
+                button="Give up this delivery", action=f"{path}/give-up", back=path, form=form)
+        try:
+            await service().give_up(message_id, endpoint_id, reason="given up in the dashboard")
+        except WebhookNotFound as exc:
+            raise Problem(404, "Nothing to give up", str(exc)) from None
+        except InvalidTransition as exc:
+            raise Problem(409, "Refused", str(exc)) from None
+        return redirect(request, path, done="give-up")
 
 
 def _add_message_pages(router: APIRouter, ui: Ui, service: Callable[[], Webhooks]) -> None:

@@ -1,7 +1,7 @@
-"""``notifyq webhooks ...``: endpoints (add, list, enable, disable, rotate-secret), the
-event-type catalog (define, list, delete), send, attempts, resend, recover, replay-missing and
-the operator events (``events``). Text by default, JSON with ``--json``. A secret is printed only by
-``add`` and ``rotate-secret``: the one time it is shown.
+"""``notifyq webhooks ...``: endpoints (add, update, list, enable, disable, rotate-secret), the
+event-type catalog (define, list, delete), send, attempts, resend, give-up, recover,
+replay-missing and the operator events (``events``). Text by default, JSON with ``--json``. A
+secret is printed only by ``add`` and ``rotate-secret``: the one time it is shown.
 
 Every command that changes something says what it did in one line. Those that create something
 (``endpoints add``, ``send``, ``resend``) print what scripts read on stdout (the id, the run
@@ -29,8 +29,8 @@ from notifyq._webhooks.service import OPERATOR_EVENT_KINDS, SentMessage
 def add_webhooks_parser(sub: Any) -> None:
     hooks = sub.add_parser("webhooks", help="webhook endpoints, messages and attempts")
     actions = hooks.add_subparsers(dest="action", required=True, parser_class=Parser,
-                                   metavar="endpoints|event-types|send|attempts|resend|recover|"
-                                           "replay-missing|events")
+                                   metavar="endpoints|event-types|send|attempts|resend|"
+                                           "give-up|recover|replay-missing|events")
     _add_endpoints(actions, Parser)
     _add_event_types(actions, Parser)
 
@@ -52,6 +52,13 @@ def add_webhooks_parser(sub: Any) -> None:
     resend.add_argument("message_id", metavar="MESSAGE")
     resend.add_argument("--endpoint", metavar="ID", help="to this endpoint only")
     resend.set_defaults(func=cmd_resend)
+
+    give_up = actions.add_parser("give-up", help="give up a message's pending delivery to one "
+                                 "endpoint (it fails; an ordered endpoint's next message goes)")
+    give_up.add_argument("message_id", metavar="MESSAGE")
+    give_up.add_argument("--endpoint", metavar="ID", required=True)
+    give_up.add_argument("--reason", default="given up from the command line")
+    give_up.set_defaults(func=cmd_give_up)
 
     recover = actions.add_parser("recover", help="re-enqueue an endpoint's failed deliveries "
                                                  "since a time")
@@ -75,7 +82,7 @@ def add_webhooks_parser(sub: Any) -> None:
     events.add_argument("--endpoint", metavar="ID", help="only about this endpoint")
     events.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     events.set_defaults(func=cmd_events)
-    for parser in (send, attempts, resend, recover, replay, events):
+    for parser in (send, attempts, resend, give_up, recover, replay, events):
         _common(parser)
 
 
@@ -94,9 +101,20 @@ def _add_endpoints(actions: Any, parser_class: Any) -> None:
                      help="a custom header sent with every message (repeatable)")
     add.add_argument("--secret", help="whsec_... (default: generated)")
     add.add_argument("--disabled", action="store_true", help="create it disabled")
+    add.add_argument("--ordered", action="store_true",
+                     help="one delivery at a time, in send order")
     add.add_argument("--tenant", dest="tenant_id", metavar="TENANT",
                      help="the tenant it belongs to, for good (default: none)")
     add.set_defaults(func=cmd_endpoints_add)
+
+    update = ops.add_parser("update", help="change an endpoint's URL, description or order")
+    update.add_argument("endpoint_id", metavar="ID")
+    update.add_argument("--url")
+    update.add_argument("--description")
+    update.add_argument("--ordered", action=argparse.BooleanOptionalAction, default=None,
+                        help="one delivery at a time, in send order (--no-ordered: in "
+                             "parallel again)")
+    update.set_defaults(func=cmd_endpoints_update)
 
     listing = ops.add_parser("list", help="endpoints, oldest first")
     listing.add_argument("--limit", type=int, default=100)
@@ -118,7 +136,7 @@ def _add_endpoints(actions: Any, parser_class: Any) -> None:
                         help="seconds the old secret stays valid (webhooks.secret_grace_s)")
     rotate.add_argument("--secret", help="whsec_... (default: generated)")
     rotate.set_defaults(func=cmd_endpoints_rotate)
-    for parser in (add, listing, enable, disable, rotate):
+    for parser in (add, update, listing, enable, disable, rotate):
         _common(parser)
 
 
@@ -166,6 +184,8 @@ def _endpoint_line(e: Endpoint) -> str:
                   f"{_plural(e.consecutive_failures, 'failure')}"
                   + (f" until {e.circuit_open_until.isoformat(timespec='seconds')}"
                      if circuit == "open" else ""))
+    if e.ordered:
+        state += ", ordered"
     types = ",".join(e.event_types) if e.event_types else "*"
     return f"{e.id}  {state}  {types}  {e.url}"
 
@@ -187,12 +207,24 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         e = await app.webhooks.create_endpoint(
             args.url, description=args.description, event_types=args.event_types,
             headers=headers, secret=args.secret, enabled=not args.disabled,
-            tenant_id=args.tenant_id, conn=conn)
+            tenant_id=args.tenant_id, ordered=args.ordered, conn=conn)
         _say(f"created endpoint {e.id} for {e.url} ({_types(e)}, "
-             f"{'enabled' if e.enabled else 'disabled'})")
+             f"{'enabled' if e.enabled else 'disabled'}{', ordered' if e.ordered else ''})")
         if not args.json:  # stdout is the id alone (ID=$(...)); --json has the secret
             _say(f"secret (shown once, store it now): {e.secret}")
         _emit(args, e.to_json(), str(e.id))
+        return 0
+    return _run(args, go)
+
+
+def cmd_endpoints_update(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        e = await app.webhooks.update_endpoint(args.endpoint_id, url=args.url,
+                                               description=args.description,
+                                               ordered=args.ordered, conn=conn)
+        order = ("ordered: one delivery at a time, in send order" if e.ordered
+                 else "not ordered")
+        _emit(args, e.to_json(), f"updated endpoint {e.id} ({e.url}), {order}")
         return 0
     return _run(args, go)
 
@@ -320,6 +352,18 @@ def cmd_resend(args: argparse.Namespace) -> int:
              "manual attempt each, no retries (see `notifyq webhooks attempts "
              f"{args.message_id}`)")
         _emit(args, rows, "\n".join(str(r["run_id"]) for r in rows))
+        return 0
+    return _run(args, go)
+
+
+def cmd_give_up(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        run_id = await app.webhooks.give_up(args.message_id, args.endpoint,
+                                            reason=args.reason, conn=conn)
+        _emit(args, {"message_id": args.message_id, "endpoint_id": args.endpoint,
+                     "run_id": str(run_id)},
+              f"gave up the delivery of message {args.message_id} to endpoint "
+              f"{args.endpoint}: it failed ({args.reason}) and its run {run_id} is canceled")
         return 0
     return _run(args, go)
 

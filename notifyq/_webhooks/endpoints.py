@@ -146,6 +146,9 @@ class Endpoint:
     """Failed attempts since the last success (the circuit breaker's count)."""
     circuit_open_until: datetime | None = None
     """Until when the circuit breaker parks the endpoint's deliveries (None: closed)."""
+    ordered: bool = False
+    """One delivery at a time, in send order, each after the one before succeeded or was
+    given up (see docs/webhooks.md, "Ordered endpoints")."""
 
     @property
     def enabled(self) -> bool:
@@ -164,7 +167,8 @@ class Endpoint:
                    dict(row["headers"] or {}), row["disabled_at"], row["disabled_reason"],
                    row["failing_since"], row["created_at"], row["updated_at"],
                    int(row.get("valid_secrets") or 0), secret, row.get("tenant_id"),
-                   int(row.get("consecutive_failures") or 0), row.get("circuit_open_until"))
+                   int(row.get("consecutive_failures") or 0), row.get("circuit_open_until"),
+                   bool(row.get("ordered")))
 
     def to_json(self, now: datetime | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -173,7 +177,7 @@ class Endpoint:
             "disabled_at": _iso(self.disabled_at), "disabled_reason": self.disabled_reason,
             "failing_since": _iso(self.failing_since), "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at), "valid_secrets": self.valid_secrets,
-            "tenant_id": self.tenant_id,
+            "tenant_id": self.tenant_id, "ordered": self.ordered,
             "circuit": {"state": self.circuit_state(now),
                         "consecutive_failures": self.consecutive_failures,
                         "open_until": _iso(self.circuit_open_until)}}

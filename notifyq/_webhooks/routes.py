@@ -1,6 +1,7 @@
 """The ``/v1/webhooks`` routes: endpoints (CRUD, rotate secret, recover), messages (send, get,
-attempts, resend). Thin calls into ``app.webhooks``; refusals are problem details like every
-other route (422 naming the field, 404 for an unknown id, 409 without a keyring).
+attempts, resend, give-up). Thin calls into ``app.webhooks``; refusals are problem details like
+every other route (422 naming the field, 404 for an unknown id, 409 without a keyring or for a
+delivery that cannot be given up now).
 
 Tenants: an endpoint belongs to the tenant it was created for (``tenant_id``, for good), a
 message to the tenant of the one endpoint it was sent to. A token limited to tenants lists
@@ -21,7 +22,13 @@ from fastapi.responses import JSONResponse
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from notifyq._app import App
-from notifyq._errors import ConfigError, InvalidEndpoint, InvalidEnqueue, WebhookNotFound
+from notifyq._errors import (
+    ConfigError,
+    InvalidEndpoint,
+    InvalidEnqueue,
+    InvalidTransition,
+    WebhookNotFound,
+)
 from notifyq._http.auth import tenant_for, token_tenants
 from notifyq._http.problems import problem
 from notifyq._http.schemas import Text, responses_for
@@ -48,6 +55,8 @@ Description = Annotated[Text, Field(max_length=MAX_DESCRIPTION_LEN)]
 Secret = Annotated[str, Field(max_length=MAX_SECRET_LEN)]
 Tenants = Annotated[list[str] | None, Depends(token_tenants)]
 TenantId = Annotated[Text, Field(min_length=1, max_length=512)]
+ORDERED = ("one delivery at a time, in send order, each after the one before succeeded or was "
+           "given up (POST /v1/webhooks/messages/{id}/give-up)")
 
 
 
@@ -66,6 +75,7 @@ class EndpointIn(_In):
     enabled: bool = True
     tenant_id: TenantId | None = Field(None, description=(
         "the tenant it belongs to, for good; a token limited to one tenant sets its own"))
+    ordered: bool = Field(False, description=ORDERED)
 
 
 class EndpointPatch(_In):
@@ -74,6 +84,7 @@ class EndpointPatch(_In):
     event_types: EventTypes | None = None
     headers: Header | None = None
     enabled: bool | None = None
+    ordered: bool | None = Field(None, description=ORDERED)
 
 
 class CircuitOut(BaseModel):
@@ -98,6 +109,7 @@ class EndpointOut(BaseModel):
     updated_at: datetime
     valid_secrets: int
     tenant_id: str | None = None
+    ordered: bool = Field(False, description=ORDERED)
     circuit: CircuitOut
     secret: str | None = Field(None, description="only in the answer to create and "
                                                  "rotate-secret: store it now")
@@ -152,10 +164,22 @@ class ResendIn(_In):
     endpoint_id: UUID | None = None
 
 
+class GiveUpIn(_In):
+    endpoint_id: UUID
+    reason: Annotated[Text, Field(min_length=1, max_length=MAX_DESCRIPTION_LEN)] = (
+        "given up by hand")
+
+
+class GiveUpOut(BaseModel):
+    message_id: str
+    endpoint_id: UUID
+    run_id: UUID = Field(description="the delivery's run, now canceled")
+
+
 def _endpoint_field(message: str) -> str:
     head = message.split(":", 1)[0]
     return head if head in ("url", "headers", "event_types", "secret", "grace_s", "schema",
-                            "description", "endpoint", "limit") else "body"
+                            "description", "endpoint", "limit", "reason") else "body"
 
 
 async def _answer(call: Callable[[], Awaitable[Any]]) -> Any:
@@ -169,6 +193,8 @@ async def _answer(call: Callable[[], Awaitable[Any]]) -> Any:
         return problem(422, str(exc), field="body")
     except ConfigError as exc:
         return problem(409, str(exc), field="keys")
+    except InvalidTransition as exc:
+        return problem(409, str(exc), field="id")
 
 
 async def _endpoint_in(app: App, endpoint_id: UUID, tenants: list[str] | None) -> None:
@@ -317,7 +343,7 @@ def _add_endpoint_routes(router: APIRouter, app: App, read: list[Any],
             endpoint = await app.webhooks.create_endpoint(
                 body.url, description=body.description, event_types=body.event_types,
                 headers=body.headers, secret=body.secret, enabled=body.enabled,
-                tenant_id=tenant_id)
+                tenant_id=tenant_id, ordered=body.ordered)
             return JSONResponse(endpoint.to_json(), status_code=201)
         return await _answer(go)
 
@@ -364,6 +390,8 @@ def _add_endpoint_routes(router: APIRouter, app: App, read: list[Any],
                                        ("url", "description", "headers") if k in given}
             if "event_types" in given:
                 changes["event_types"] = body.event_types
+            if body.ordered is not None:
+                changes["ordered"] = body.ordered
             endpoint = await app.webhooks.update_endpoint(id, **changes)
             if body.enabled is True:
                 endpoint = await app.webhooks.enable_endpoint(id)
@@ -519,6 +547,21 @@ def _add_message_routes(router: APIRouter, app: App, read: list[Any],
             await _message_in(app, id, tenants)
             rows = await app.webhooks.resend(id, endpoint_id=(body or ResendIn()).endpoint_id)
             return JSONResponse({"items": [_plain(r) for r in rows]}, status_code=202)
+        return await _answer(go)
+
+    @router.post("/webhooks/messages/{id}/give-up", dependencies=admin,
+                 response_model=GiveUpOut, responses=responses_for(404, 409, 422, *auth),
+                 tags=["webhooks"],
+                 summary="Give up the message's pending delivery to one endpoint (it fails, its "
+                         "run is canceled): an ordered endpoint's next message goes")
+    async def give_up(id: Annotated[str, PathParam(pattern=MESSAGE_ID)], body: GiveUpIn,
+                      tenants: Tenants) -> Any:
+        async def go() -> Any:
+            await _message_in(app, id, tenants)
+            await _endpoint_in(app, body.endpoint_id, tenants)
+            run_id = await app.webhooks.give_up(id, body.endpoint_id, reason=body.reason)
+            return {"message_id": id, "endpoint_id": str(body.endpoint_id),
+                    "run_id": str(run_id)}
         return await _answer(go)
 
 

@@ -29,7 +29,13 @@ from psycopg.types.json import Jsonb
 from notifyq._crypto.keyring import Keyring
 from notifyq._enqueue.refusals import translate_db_error, translated_errors
 from notifyq._enqueue.validate import jsonb_problem
-from notifyq._errors import ConfigError, InvalidEndpoint, InvalidEnqueue, WebhookNotFound
+from notifyq._errors import (
+    ConfigError,
+    InvalidEndpoint,
+    InvalidEnqueue,
+    InvalidTransition,
+    WebhookNotFound,
+)
 from notifyq._keys.columns import EncryptedColumn, EncryptedColumns
 from notifyq._run import Run
 from notifyq._runtime import Runtime
@@ -159,10 +165,12 @@ class Webhooks:
                               event_types: list[str] | None = None,
                               headers: dict[str, str] | None = None, secret: str | None = None,
                               enabled: bool = True, tenant_id: str | None = None,
+                              ordered: bool = False,
                               conn: AnyConn | None = None) -> Endpoint:
         """Create an endpoint; the returned one carries ``secret`` (generated unless given),
         the only time it is shown. ``event_types`` None subscribes to every type. ``tenant_id``
-        is the tenant it belongs to, for good (tokens limited to other tenants never see it)."""
+        is the tenant it belongs to, for good (tokens limited to other tenants never see it).
+        ``ordered``: one delivery at a time, in send order (see :meth:`update_endpoint`)."""
         url = checks.check_url(url, self.settings)
         headers = checks.check_headers(headers)
         event_types = checks.check_event_types(event_types)
@@ -176,6 +184,8 @@ class Webhooks:
                 "headers": Jsonb({}), "enabled": enabled, "now": self._now(),
                 "tenant_id": tenant_id})
             assert row is not None  # noqa: S101 - INSERT ... RETURNING
+            if ordered:
+                row = await self._order(c, row["id"], ordered=True)
             if headers:
                 row = await self._seal_headers(c, keyring, row["id"],
                                                sealed.keep_masked(headers, {}))
@@ -266,9 +276,17 @@ class Webhooks:
                               description: str | None = None,
                               event_types: list[str] | object | None = ...,
                               headers: dict[str, str] | None = None,
+                              ordered: bool | None = None,
                               conn: AnyConn | None = None) -> Endpoint:
         """Change what is given (``event_types=None`` means every type; leave it out to keep
-        the current filter)."""
+        the current filter).
+
+        ``ordered=True``: from the next claim on, at most one delivery to the endpoint is in
+        flight, and its pending deliveries go in send order, each only after the one before
+        succeeded or was given up (a failing one holds the rest back while it is retried;
+        :meth:`give_up` lets them go). Deliveries already in flight finish as they are.
+        ``ordered=False`` lets its share adapt again and releases a delivery held at the
+        head."""
         set_types = event_types is not ...
         types = checks.check_event_types(event_types) if isinstance(event_types, list) else None
         await self._catalog.check_subscription(
@@ -281,6 +299,9 @@ class Webhooks:
         given = checks.check_headers(headers) if headers is not None else None
         async with self._conn(conn) as c, c.transaction():
             updated = await self._write(self._rt.queries.webhook_endpoint_update, params, c)
+            if ordered is not None:
+                row = await self._order(c, endpoint, ordered=bool(ordered))
+                updated = Endpoint.from_row({**row, "valid_secrets": updated.valid_secrets})
             if given is None:
                 return updated
             keyring = await self._keyring()
@@ -288,6 +309,26 @@ class Webhooks:
             row = await self._seal_headers(c, keyring, endpoint,
                                            sealed.keep_masked(given, stored))
         return Endpoint.from_row({**row, "valid_secrets": updated.valid_secrets})
+
+    async def _order(self, conn: AnyConn, endpoint_id: UUID, *,
+                     ordered: bool) -> dict[str, Any]:
+        """Marks the endpoint (un)ordered. An ordered endpoint's key is pinned to one delivery
+        at a time (the adaptive share leaves it alone); an unordered one's pin goes and a
+        delivery held at its head is released."""
+        q = self._rt.queries
+        row = await self._one(conn, q.webhook_endpoint_set_ordered, {
+            "id": endpoint_id, "ordered": ordered, "now": self._now()})
+        if row is None:
+            raise WebhookNotFound(f"no webhook endpoint {endpoint_id}")
+        key = ENDPOINT_KEY.format(endpoint_id=endpoint_id)
+        if ordered:
+            await conn.execute(q.key_concurrency_pin, {"key": key, "limit": 1,
+                                                       "now": self._now()})
+        else:
+            await conn.execute(q.key_concurrency_unpin, {"key": key})
+            await conn.execute(q.webhook_delivery_release_places, {"key": key,
+                                                                   "now": self._now()})
+        return row
 
     async def disable_endpoint(self, endpoint_id: UUID | str, reason: str = "disabled by hand",
                                *, conn: AnyConn | None = None) -> Endpoint:
@@ -564,6 +605,36 @@ class Webhooks:
                                   + (f" to endpoint {endpoint_id}" if endpoint_id else ""))
         return rows
 
+    async def give_up(self, message_id: str, endpoint_id: UUID | str, *,
+                      reason: str = "given up by hand",
+                      conn: AnyConn | None = None) -> UUID:
+        """Give up the message's pending delivery to the endpoint while it waits for its next
+        attempt: the delivery fails with ``reason`` (``recover`` can start it again) and its run
+        is canceled; an ordered endpoint's next message goes at once. Returns the canceled
+        run's id. InvalidTransition when the delivery is not pending or is being attempted
+        right now (try again when the attempt is over)."""
+        endpoint = _uuid(endpoint_id)
+        if not reason or len(reason) > checks.MAX_DESCRIPTION_LEN:
+            raise InvalidEndpoint(f"reason: 1 to {checks.MAX_DESCRIPTION_LEN} characters")
+        q = self._rt.queries
+        async with self._conn(conn) as c:
+            row = await self._one(c, q.webhook_delivery_give_up, {
+                "message_id": message_id, "endpoint_id": endpoint, "reason": reason,
+                "now": self._now(), "channel": q.schema})
+        if row is not None:
+            return UUID(str(row["run_id"]))
+        deliveries = [d for d in (await self.message(message_id, conn=conn))["deliveries"]
+                      if d["endpoint_id"] == endpoint]
+        if not deliveries:
+            raise WebhookNotFound(f"no delivery of webhook message {message_id} to endpoint "
+                                  f"{endpoint}")
+        status = deliveries[0]["status"]
+        if status != "pending":
+            raise InvalidTransition(f"the delivery of {message_id} to endpoint {endpoint} is "
+                                    f"{status}: only a pending one can be given up")
+        raise InvalidTransition(f"the delivery of {message_id} to endpoint {endpoint} is being "
+                                "attempted now: give it up when the attempt is over")
+
     async def recover(self, endpoint_id: UUID | str, since: datetime, *, limit: int = 10_000,
                       conn: AnyConn | None = None) -> list[Recovered]:
         """Re-enqueue the endpoint's failed deliveries whose last attempt was at or after
@@ -639,7 +710,7 @@ def _row_of(endpoint: Endpoint) -> dict[str, Any]:
             "failing_since": endpoint.failing_since, "created_at": endpoint.created_at,
             "updated_at": endpoint.updated_at, "valid_secrets": endpoint.valid_secrets,
             "consecutive_failures": endpoint.consecutive_failures,
-            "circuit_open_until": endpoint.circuit_open_until}
+            "circuit_open_until": endpoint.circuit_open_until, "ordered": endpoint.ordered}
 
 
 def _uuid(value: UUID | str) -> UUID:
