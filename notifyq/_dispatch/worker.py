@@ -47,6 +47,7 @@ from notifyq._dispatch.lock_waiter import LockWaiter
 from notifyq._dispatch.producer import Producer, Slots
 from notifyq._maintenance.elector import Elector
 from notifyq._maintenance.purger import Purger
+from notifyq._maintenance.retainer import Retainer
 from notifyq._maintenance.reaper import Reaper
 from notifyq._maintenance.resumer import Resumer
 from notifyq._maintenance.runner import every
@@ -116,6 +117,7 @@ class Worker:
                                ttl_s=settings.leader.ttl_s)
         self.reaper = Reaper(db, queries, clock, settings.reaper)
         self.purger = Purger(db, queries, clock, settings.purger)
+        self.retainer = Retainer(db, queries, clock, settings.webhooks, settings.purger)
         self.resumer = Resumer(db, queries, clock, settings.resumer)
         self.scheduler = Scheduler(db, queries, clock, registry.periodic)
         self._maintenance = maintenance and not burst
@@ -184,6 +186,9 @@ class Worker:
                 fetchers.start_soon(self._run_if_leader, self.purger.run_once,
                                     self._settings.purger.interval_s, "purger",
                                     self._settings.purger.enabled, False)
+                fetchers.start_soon(self._run_if_leader, self.retainer.run_once,
+                                    self._settings.purger.interval_s, "retainer",
+                                    self._settings.purger.enabled)
                 fetchers.start_soon(self.scheduler.run, self.grace)
             self.started.set()
             async with anyio.create_task_group() as producers:
