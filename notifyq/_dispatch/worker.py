@@ -47,9 +47,9 @@ from notifyq._dispatch.lock_waiter import LockWaiter
 from notifyq._dispatch.producer import Producer, Slots
 from notifyq._maintenance.elector import Elector
 from notifyq._maintenance.purger import Purger
-from notifyq._maintenance.retainer import Retainer
 from notifyq._maintenance.reaper import Reaper
 from notifyq._maintenance.resumer import Resumer
+from notifyq._maintenance.retainer import Retainer
 from notifyq._maintenance.runner import every
 from notifyq._maintenance.scheduler import Scheduler
 from notifyq._notifier import Notifier

@@ -67,7 +67,8 @@ def test_attempts_go_to_their_day_and_retention_drops_old_days_keeping_new_ones(
         "now": later, "retention_s": 5 * DAY, "limit": 100}).fetchall()
     names = [r["name"] for r in dropped]
     assert names[0] == "webhook_attempt_legacy"  # the oldest bound first
-    assert _day(soon) in names and _day(later) not in names
+    assert _day(soon) in names
+    assert _day(later) not in names
     assert all(r["upper_bound"] <= later - timedelta(days=5) for r in dropped)
     assert _where(db) == {_day(later): 1}
     assert _day(later) in _partitions(db)
@@ -115,7 +116,8 @@ def test_payloads_past_retention_are_dropped_and_the_metadata_kept(
         "SELECT id, body, payload_dropped_at FROM notifyq.webhook_message").fetchall()}
     assert (rows[short]["body"], rows[kept]["body"]) == ("", "")
     assert rows[short]["payload_dropped_at"] == now + timedelta(hours=2)
-    assert rows[pending]["body"] == '{"n": 1}' and rows[pending]["payload_dropped_at"] is None
+    assert rows[pending]["body"] == '{"n": 1}'
+    assert rows[pending]["payload_dropped_at"] is None
     assert db.execute("SELECT count(*) AS n FROM notifyq.webhook_attempt").fetchone() == {"n": 2}
     statuses = db.execute("SELECT message_id, status FROM notifyq.webhook_delivery").fetchall()
     assert sorted(r["status"] for r in statuses) == ["pending", "succeeded", "succeeded"]
