@@ -24,7 +24,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
-from notifyq._errors import ConfigError, InvalidEndpoint, WebhookNotFound
+from notifyq._errors import ConfigError, InvalidEndpoint, InvalidTransition, WebhookNotFound
 from notifyq._ui.web import Problem, Signed, Ui, query, redirect, required_time
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.routes import MESSAGE_ID
@@ -202,6 +202,8 @@ def _add_message_pages(router: APIRouter, ui: Ui, service: Callable[[], Webhooks
                                           _endpoint_id(endpoint))
         except WebhookNotFound as exc:
             raise Problem(404, "Nothing to resend", str(exc)) from None
+        except InvalidTransition as exc:
+            raise Problem(409, "Cannot resend", str(exc)) from None
         return redirect(request, f"/webhooks/messages/{message_id}", done="resend",
                         changed=str(len(rows)))
 
