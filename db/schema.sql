@@ -970,6 +970,87 @@ END
 $$;
 
 --
+-- Name: _webhook_attempt_partitions(); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._webhook_attempt_partitions() RETURNS TABLE(name text, lower_bound timestamp with time zone, upper_bound timestamp with time zone, estimated_rows bigint)
+    LANGUAGE sql STABLE
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+    SELECT c.relname::text,
+           (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]
+               ::timestamptz,
+           (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]
+               ::timestamptz,
+           greatest(c.reltuples, 0)::bigint
+    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'webhook_attempt'::regclass
+      AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'
+$$;
+
+--
+-- Name: _webhook_attempt_partitions_drop(timestamp with time zone, integer); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._webhook_attempt_partitions_drop(p_before timestamp with time zone, p_limit integer) RETURNS TABLE(name text, upper_bound timestamp with time zone, estimated_rows bigint)
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    SET lock_timeout TO '2s'
+    AS $$
+DECLARE
+    p record;
+BEGIN
+    FOR p IN SELECT * FROM _webhook_attempt_partitions() x
+             WHERE x.upper_bound <= p_before ORDER BY x.upper_bound LIMIT p_limit LOOP
+        BEGIN
+            EXECUTE format('DROP TABLE %I', p.name);
+            name := p.name;
+            upper_bound := p.upper_bound;
+            estimated_rows := p.estimated_rows;
+            RETURN NEXT;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END LOOP;
+END
+$$;
+
+--
+-- Name: _webhook_attempt_partitions_make(timestamp with time zone, integer); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._webhook_attempt_partitions_make(p_now timestamp with time zone, p_days integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    SET lock_timeout TO '2s'
+    AS $$
+DECLARE
+    day_  timestamptz := date_trunc('day', p_now, 'UTC');
+    made  integer := 0;
+    name_ text;
+BEGIN
+    FOR i IN 0 .. p_days LOOP
+        name_ := 'webhook_attempt_' || to_char(day_ AT TIME ZONE 'UTC', 'YYYYMMDD');
+        IF to_regclass(name_) IS NULL AND NOT EXISTS (
+                SELECT 1 FROM _webhook_attempt_partitions() p
+                WHERE coalesce(p.lower_bound, '-infinity') < day_ + interval '1 day'
+                  AND p.upper_bound > day_) THEN
+            BEGIN
+                EXECUTE format('CREATE TABLE %I PARTITION OF webhook_attempt '
+                               'FOR VALUES FROM (%L) TO (%L)', name_, day_,
+                               day_ + interval '1 day');
+                made := made + 1;
+            EXCEPTION WHEN check_violation OR lock_not_available THEN
+                NULL;  -- rows of that day in the default partition, or busy: see above
+            END;
+        END IF;
+        day_ := day_ + interval '1 day';
+    END LOOP;
+    RETURN made;
+END
+$$;
+
+--
 -- Name: _webhook_endpoint_operator_event(); Type: FUNCTION; Schema: notifyq; Owner: -
 --
 
@@ -1413,6 +1494,33 @@ CREATE TABLE notifyq.webhook_attempt (
     response_truncated boolean DEFAULT false NOT NULL,
     next_attempt_at timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT webhook_attempt_error_kind_check CHECK ((error_kind = ANY (ARRAY['timeout'::text, 'connect'::text, 'dns'::text, 'tls'::text, 'blocked'::text, 'invalid'::text]))),
+    CONSTRAINT webhook_attempt_trigger_check CHECK ((trigger = ANY (ARRAY['scheduled'::text, 'manual'::text])))
+)
+PARTITION BY RANGE (created_at);
+
+--
+-- Name: webhook_attempt_default; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.webhook_attempt_default (
+    id bigint NOT NULL,
+    message_id text NOT NULL,
+    endpoint_id uuid NOT NULL,
+    run_id uuid,
+    trigger text NOT NULL,
+    attempt integer NOT NULL,
+    webhook_timestamp bigint NOT NULL,
+    url text NOT NULL,
+    status_code integer,
+    error_kind text,
+    error text,
+    duration_ms double precision NOT NULL,
+    response_body text,
+    response_truncated boolean DEFAULT false NOT NULL,
+    next_attempt_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT webhook_attempt_error_kind_check CHECK ((error_kind = ANY (ARRAY['timeout'::text, 'connect'::text, 'dns'::text, 'tls'::text, 'blocked'::text, 'invalid'::text]))),
     CONSTRAINT webhook_attempt_trigger_check CHECK ((trigger = ANY (ARRAY['scheduled'::text, 'manual'::text])))
 );
 
@@ -1495,7 +1603,9 @@ CREATE TABLE notifyq.webhook_message (
     body text NOT NULL,
     endpoint_id uuid,
     idempotency_key text,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    payload_retain_until timestamp with time zone,
+    payload_dropped_at timestamp with time zone
 );
 
 --
@@ -1528,6 +1638,12 @@ CREATE TABLE notifyq.worker (
     CONSTRAINT worker_concurrency_check CHECK ((concurrency > 0)),
     CONSTRAINT worker_id_check CHECK (((length(id) >= 1) AND (length(id) <= 200)))
 );
+
+--
+-- Name: webhook_attempt_default; Type: TABLE ATTACH; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.webhook_attempt ATTACH PARTITION notifyq.webhook_attempt_default DEFAULT;
 
 --
 -- Name: encrypted_column encrypted_column_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
@@ -1670,18 +1786,18 @@ ALTER TABLE ONLY notifyq.schema_migration
     ADD CONSTRAINT schema_migration_pkey PRIMARY KEY (version);
 
 --
--- Name: webhook_attempt webhook_attempt_error_kind_check; Type: CHECK CONSTRAINT; Schema: notifyq; Owner: -
---
-
-ALTER TABLE notifyq.webhook_attempt
-    ADD CONSTRAINT webhook_attempt_error_kind_check CHECK ((error_kind = ANY (ARRAY['timeout'::text, 'connect'::text, 'dns'::text, 'tls'::text, 'blocked'::text, 'invalid'::text]))) NOT VALID;
-
---
 -- Name: webhook_attempt webhook_attempt_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
 --
 
 ALTER TABLE ONLY notifyq.webhook_attempt
-    ADD CONSTRAINT webhook_attempt_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT webhook_attempt_pkey PRIMARY KEY (id, created_at);
+
+--
+-- Name: webhook_attempt_default webhook_attempt_default_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.webhook_attempt_default
+    ADD CONSTRAINT webhook_attempt_default_pkey PRIMARY KEY (id, created_at);
 
 --
 -- Name: webhook_delivery webhook_delivery_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
@@ -1862,13 +1978,25 @@ CREATE INDEX operator_event_unemitted_idx ON notifyq.operator_event USING btree 
 -- Name: webhook_attempt_endpoint_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
-CREATE INDEX webhook_attempt_endpoint_idx ON notifyq.webhook_attempt USING btree (endpoint_id, created_at);
+CREATE INDEX webhook_attempt_endpoint_idx ON ONLY notifyq.webhook_attempt USING btree (endpoint_id, created_at);
+
+--
+-- Name: webhook_attempt_default_endpoint_id_created_at_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX webhook_attempt_default_endpoint_id_created_at_idx ON notifyq.webhook_attempt_default USING btree (endpoint_id, created_at);
 
 --
 -- Name: webhook_attempt_message_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
-CREATE INDEX webhook_attempt_message_idx ON notifyq.webhook_attempt USING btree (message_id, id);
+CREATE INDEX webhook_attempt_message_idx ON ONLY notifyq.webhook_attempt USING btree (message_id, id);
+
+--
+-- Name: webhook_attempt_default_message_id_id_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX webhook_attempt_default_message_id_id_idx ON notifyq.webhook_attempt_default USING btree (message_id, id);
 
 --
 -- Name: webhook_delivery_endpoint_idx; Type: INDEX; Schema: notifyq; Owner: -
@@ -1895,10 +2023,40 @@ CREATE INDEX webhook_endpoint_failing_idx ON notifyq.webhook_endpoint USING btre
 CREATE INDEX webhook_endpoint_tenant_idx ON notifyq.webhook_endpoint USING btree (tenant_id, id) WHERE (tenant_id IS NOT NULL);
 
 --
+-- Name: webhook_message_retain_until_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX webhook_message_retain_until_idx ON notifyq.webhook_message USING btree (payload_retain_until) WHERE ((payload_dropped_at IS NULL) AND (payload_retain_until IS NOT NULL));
+
+--
+-- Name: webhook_message_retention_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX webhook_message_retention_idx ON notifyq.webhook_message USING btree (created_at) WHERE ((payload_dropped_at IS NULL) AND (payload_retain_until IS NULL));
+
+--
 -- Name: webhook_secret_endpoint_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
 CREATE INDEX webhook_secret_endpoint_idx ON notifyq.webhook_secret USING btree (endpoint_id, created_at);
+
+--
+-- Name: webhook_attempt_default_endpoint_id_created_at_idx; Type: INDEX ATTACH; Schema: notifyq; Owner: -
+--
+
+ALTER INDEX notifyq.webhook_attempt_endpoint_idx ATTACH PARTITION notifyq.webhook_attempt_default_endpoint_id_created_at_idx;
+
+--
+-- Name: webhook_attempt_default_message_id_id_idx; Type: INDEX ATTACH; Schema: notifyq; Owner: -
+--
+
+ALTER INDEX notifyq.webhook_attempt_message_idx ATTACH PARTITION notifyq.webhook_attempt_default_message_id_id_idx;
+
+--
+-- Name: webhook_attempt_default_pkey; Type: INDEX ATTACH; Schema: notifyq; Owner: -
+--
+
+ALTER INDEX notifyq.webhook_attempt_pkey ATTACH PARTITION notifyq.webhook_attempt_default_pkey;
 
 --
 -- Name: job_run job_run_finished; Type: TRIGGER; Schema: notifyq; Owner: -
@@ -1958,7 +2116,7 @@ ALTER TABLE ONLY notifyq.key_rotation
 -- Name: webhook_attempt webhook_attempt_message_id_endpoint_id_fkey; Type: FK CONSTRAINT; Schema: notifyq; Owner: -
 --
 
-ALTER TABLE ONLY notifyq.webhook_attempt
+ALTER TABLE notifyq.webhook_attempt
     ADD CONSTRAINT webhook_attempt_message_id_endpoint_id_fkey FOREIGN KEY (message_id, endpoint_id) REFERENCES notifyq.webhook_delivery(message_id, endpoint_id) ON DELETE CASCADE;
 
 --

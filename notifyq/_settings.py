@@ -427,6 +427,19 @@ class WebhookSettings(_Section):
     operator_events_retention_s: Seconds = 30 * 86_400.0
     """Emitted operator events are kept this long (listed by ``app.webhooks.operator_events``,
     ``GET /v1/webhooks/operator-events``). Defaults to 30 days."""
+    payload_retention_s: Seconds = 30 * 86_400.0
+    """A message's payload is dropped this long after it was sent (``send(...,
+    payload_retention_s=)`` sets one message's own): its body becomes empty and
+    ``payload_dropped_at`` says when, while the message, its deliveries and attempts stay, and
+    it can no longer be resent, recovered or replayed. Run by the leader every
+    ``purger.interval_s``. Defaults to 30 days."""
+    attempt_retention_s: Seconds = 30 * 86_400.0
+    """Attempts are kept at least this long, then go a day at a time: ``webhook_attempt`` is
+    partitioned by day (UTC) and a day's partition is dropped once all of it is older than
+    this (no DELETE, no bloat). Defaults to 30 days."""
+    partitions_ahead_days: Annotated[int, Field(ge=1, le=366)] = 7
+    """How many days of ``webhook_attempt`` partitions the leader keeps made ahead (attempts
+    with no partition for their day go to a default one). Defaults to 7."""
 
     @field_validator("allowed_networks", "allowed_ports", mode="before")
     @classmethod

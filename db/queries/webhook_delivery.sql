@@ -25,7 +25,8 @@ ORDER BY d.endpoint_id
 -- its position `ord` in the arrays: message, endpoint, delivery and the ciphertexts of the
 -- secrets valid now (newest first). A pair with no delivery has no row. `run_id` is the
 -- delivery's scheduled run: a scheduled attempt by any other run is refused (issue 31).
-SELECT k.ord, m.id AS message_id, m.event_type, m.body, e.id AS endpoint_id, e.url, e.headers,
+SELECT k.ord, m.id AS message_id, m.event_type, m.body, m.payload_dropped_at,
+       e.id AS endpoint_id, e.url, e.headers,
        e.header_values,
        e.disabled_at, e.disabled_reason, e.consecutive_failures, e.circuit_open_until,
        e.ordered, d.status, d.attempts, d.run_id,
@@ -97,11 +98,14 @@ ORDER BY d.endpoint_id
 
 -- name: webhook_delivery_recover
 -- "Recover since T": the endpoint's failed deliveries whose last attempt is at or after T start a
--- new scheduled series (attempts from 0) with a new run each.
+-- new scheduled series (attempts from 0) with a new run each. A message whose payload was
+-- dropped by retention (0031) has nothing left to send: its delivery stays failed.
 WITH picked AS (
-    SELECT message_id, endpoint_id FROM {schema}.webhook_delivery
+    SELECT message_id, endpoint_id FROM {schema}.webhook_delivery d
     WHERE endpoint_id = %(endpoint_id)s AND status = 'failed'
       AND coalesce(last_attempt_at, created_at) >= %(since)s::timestamptz
+      AND NOT EXISTS (SELECT 1 FROM {schema}.webhook_message m
+                      WHERE m.id = d.message_id AND m.payload_dropped_at IS NOT NULL)
     ORDER BY message_id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -139,13 +143,15 @@ LIMIT %(limit)s
 -- should have received (sent to it, or by event type with the endpoint subscribed to the type
 -- now) and never got: no delivery (it was disabled when they were sent, or subscribed later) or
 -- a canceled one (disabled while they waited). Message ids grow with time (msg_ + a UUIDv7), so
--- `from_id`, the id prefix of T, bounds the walk of webhook_message's primary key.
+-- `from_id`, the id prefix of T, bounds the walk of webhook_message's primary key. A message
+-- whose payload was dropped by retention (0031) cannot be replayed.
 missing AS (
     SELECT m.id AS message_id
     FROM {schema}.webhook_message m
     JOIN {schema}.webhook_endpoint e ON e.id = %(endpoint_id)s
     LEFT JOIN {schema}.webhook_delivery d ON d.message_id = m.id AND d.endpoint_id = e.id
     WHERE m.id >= %(from_id)s AND m.created_at >= %(since)s::timestamptz
+      AND m.payload_dropped_at IS NULL
       AND (m.endpoint_id = e.id
            OR (m.endpoint_id IS NULL
                AND (e.event_types IS NULL OR m.event_type = ANY (e.event_types))))

@@ -49,3 +49,36 @@ WHERE (%(before)s::text IS NULL OR m.id < %(before)s::text)
                   WHERE e.id = m.endpoint_id AND e.tenant_id = ANY (%(tenant_ids)s::text[])))
 ORDER BY m.id DESC
 LIMIT %(limit)s
+
+-- name: webhook_message_retain_until
+-- A payload retention of its own for messages just sent (`send(..., payload_retention_s=)`):
+-- their payload is dropped `retention_s` after they were created instead of after
+-- webhooks.payload_retention_s.
+UPDATE {schema}.webhook_message
+SET payload_retain_until = created_at + make_interval(secs => %(retention_s)s::float8)
+WHERE id = ANY (%(ids)s::text[]) AND payload_dropped_at IS NULL
+
+-- name: webhook_message_drop_payloads
+-- Payload retention (0031): up to `limit` messages past their retention (their own
+-- `payload_retain_until`, else `retention_s` after they were created) lose their payload: the
+-- body becomes '' and `payload_dropped_at` says when; the message, its deliveries and attempts
+-- stay. Each rule walks its partial index of the messages still carrying a payload. A message
+-- with a delivery still pending keeps its payload until that delivery ends.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+due AS (
+    (SELECT m.id FROM {schema}.webhook_message m, n
+     WHERE m.payload_dropped_at IS NULL AND m.payload_retain_until IS NULL
+       AND m.created_at <= n.now - make_interval(secs => %(retention_s)s::float8)
+     ORDER BY m.created_at LIMIT %(limit)s)
+    UNION ALL
+    (SELECT m.id FROM {schema}.webhook_message m, n
+     WHERE m.payload_dropped_at IS NULL AND m.payload_retain_until IS NOT NULL
+       AND m.payload_retain_until <= n.now
+     ORDER BY m.payload_retain_until LIMIT %(limit)s)
+)
+UPDATE {schema}.webhook_message m
+SET body = '', payload_dropped_at = n.now
+FROM due, n
+WHERE m.id = due.id
+  AND NOT EXISTS (SELECT 1 FROM {schema}.webhook_delivery d
+                  WHERE d.message_id = m.id AND d.status = 'pending')

@@ -171,6 +171,9 @@ class QueryNames:
     webhook_attempt_list: LiteralString
     webhook_attempt_count_by_run: LiteralString
     webhook_attempt_record_succeeded: LiteralString
+    webhook_attempt_partitions_make: LiteralString
+    webhook_attempt_partitions_drop: LiteralString
+    webhook_attempt_purge_default: LiteralString
 
     # db/queries/webhook_delivery.sql
     webhook_delivery_list: LiteralString
@@ -215,6 +218,8 @@ class QueryNames:
     webhook_message_get: LiteralString
     webhook_message_in_tenants: LiteralString
     webhook_message_list: LiteralString
+    webhook_message_retain_until: LiteralString
+    webhook_message_drop_payloads: LiteralString
 
     # db/queries/webhook_secret.sql
     webhook_secret_insert: LiteralString

@@ -50,6 +50,7 @@ from notifyq._maintenance.elector import Elector
 from notifyq._maintenance.purger import Purger
 from notifyq._maintenance.reaper import Reaper
 from notifyq._maintenance.resumer import Resumer
+from notifyq._maintenance.retainer import Retainer
 from notifyq._maintenance.runner import every
 from notifyq._maintenance.scheduler import Scheduler
 from notifyq._notifier import Notifier
@@ -117,6 +118,7 @@ class Worker:
                                ttl_s=settings.leader.ttl_s)
         self.reaper = Reaper(db, queries, clock, settings.reaper)
         self.purger = Purger(db, queries, clock, settings.purger)
+        self.retainer = Retainer(db, queries, clock, settings.webhooks, settings.purger)
         self.resumer = Resumer(db, queries, clock, settings.resumer)
         self.announcer = Announcer(db, queries, clock, settings.webhooks)
         self.scheduler = Scheduler(db, queries, clock, registry.periodic)
@@ -189,6 +191,9 @@ class Worker:
                 fetchers.start_soon(self._run_if_leader, self.announcer.run_once,
                                     self._settings.webhooks.operator_events_interval_s,
                                     "announcer", True, False)
+                fetchers.start_soon(self._run_if_leader, self.retainer.run_once,
+                                    self._settings.purger.interval_s, "retainer",
+                                    self._settings.purger.enabled)
                 fetchers.start_soon(self.scheduler.run, self.grace)
             self.started.set()
             async with anyio.create_task_group() as producers:

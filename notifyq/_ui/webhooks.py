@@ -246,6 +246,8 @@ def _add_message_pages(router: APIRouter, ui: Ui, service: Callable[[], Webhooks
                                           _endpoint_id(endpoint))
         except WebhookNotFound as exc:
             raise Problem(404, "Nothing to resend", str(exc)) from None
+        except InvalidTransition as exc:
+            raise Problem(409, "Cannot resend", str(exc)) from None
         return redirect(request, f"/webhooks/messages/{message_id}", done="resend",
                         changed=str(len(rows)))
 

@@ -40,6 +40,9 @@ def add_webhooks_parser(sub: Any) -> None:
     send.add_argument("--payload", metavar="JSON|-", required=True,
                       help="the JSON body (object or array); - reads it from stdin")
     send.add_argument("--endpoint", metavar="ID", help="send to this endpoint only")
+    send.add_argument("--payload-retention-s", type=float, metavar="S",
+                      help="drop the payload this long after sending (default: "
+                           "webhooks.payload_retention_s)")
     send.add_argument("--idempotency-key", metavar="K",
                       help="a second send with this key returns the first message")
     send.set_defaults(func=cmd_send)
@@ -278,7 +281,9 @@ def cmd_send(args: argparse.Namespace) -> int:
 
     async def go(app: App, conn: AsyncConn) -> int:
         sent = await app.webhooks.send(args.event_type, payload, endpoint_id=args.endpoint,
-                                       idempotency_key=args.idempotency_key, conn=conn)
+                                       idempotency_key=args.idempotency_key,
+                                       payload_retention_s=args.payload_retention_s,
+                                       conn=conn)
         _say(_sent_text(sent, args.event_type))
         _emit(args, sent.to_json(), sent.id)
         return 0

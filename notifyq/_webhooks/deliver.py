@@ -341,6 +341,8 @@ class Deliverer:
     def _skip_reason(row: dict[str, Any], scheduled: bool) -> str | None:
         if row["disabled_at"] is not None:
             return f"endpoint disabled: {row['disabled_reason'] or 'no reason given'}"
+        if row["payload_dropped_at"] is not None:
+            return "the message's payload was dropped by its retention"
         if scheduled and row["status"] != "pending":
             return f"delivery already {row['status']}"
         return None

@@ -44,7 +44,12 @@ from notifyq._webhooks.endpoints import (
     MAX_URL_LENGTH,
 )
 from notifyq._webhooks.rows import Message
-from notifyq._webhooks.service import MAX_REPLAY, OPERATOR_EVENT_KINDS, WebhookMessage
+from notifyq._webhooks.service import (
+    MAX_PAYLOAD_RETENTION_S,
+    MAX_REPLAY,
+    OPERATOR_EVENT_KINDS,
+    WebhookMessage,
+)
 
 MESSAGE_ID = r"^[A-Za-z0-9_-]{1,64}$"
 Header = dict[Annotated[str, Field(max_length=MAX_HEADER_NAME_LEN)],
@@ -141,6 +146,9 @@ class MessageIn(_In):
     endpoint_id: UUID | None = None
     idempotency_key: Annotated[Text, Field(min_length=1,
                                            max_length=MAX_IDEMPOTENCY_KEY_LEN)] | None = None
+    payload_retention_s: Annotated[float, Field(gt=0, le=MAX_PAYLOAD_RETENTION_S)] | None = Field(
+        None, description="drop this message's payload this long after it is sent (default: "
+                          "webhooks.payload_retention_s)")
 
 
 class MessageOut(BaseModel):
@@ -491,7 +499,8 @@ def _add_message_routes(router: APIRouter, app: App, read: list[Any],
                 await _endpoint_in(app, body.endpoint_id, tenants)
             sent = await app.webhooks.send(body.event_type, body.payload,
                                     endpoint_id=body.endpoint_id,
-                                    idempotency_key=body.idempotency_key)
+                                    idempotency_key=body.idempotency_key,
+                                    payload_retention_s=body.payload_retention_s)
             return JSONResponse(sent.to_json(), status_code=201 if sent.created else 200)
         return await _answer(go)
 
@@ -513,7 +522,9 @@ def _add_message_routes(router: APIRouter, app: App, read: list[Any],
                     await _endpoint_in(app, endpoint_id, tenants)  # type: ignore[arg-type]
             sent = await app.webhooks.send_many([
                 WebhookMessage(m.event_type, m.payload, endpoint_id=m.endpoint_id,
-                               idempotency_key=m.idempotency_key) for m in body.messages])
+                               idempotency_key=m.idempotency_key,
+                               payload_retention_s=m.payload_retention_s)
+                for m in body.messages])
             return {"items": [s.to_json() for s in sent]}
         return await _answer(go)
 
@@ -538,7 +549,7 @@ def _add_message_routes(router: APIRouter, app: App, read: list[Any],
         return await _answer(go)
 
     @router.post("/webhooks/messages/{id}/resend", dependencies=admin, status_code=202,
-                 responses=responses_for(404, 422, *auth), tags=["webhooks"],
+                 responses=responses_for(404, 409, 422, *auth), tags=["webhooks"],
                  summary="A manual attempt (no retries) to every endpoint of the message, or "
                          "one")
     async def resend(id: Annotated[str, PathParam(pattern=MESSAGE_ID)], tenants: Tenants,

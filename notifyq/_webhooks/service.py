@@ -99,6 +99,7 @@ class WebhookMessage:
     payload: dict[str, Any] | list[Any]
     endpoint_id: UUID | str | None = None
     idempotency_key: str | None = None
+    payload_retention_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,10 +394,14 @@ class Webhooks:
 
     async def send(self, event_type: str, payload: dict[str, Any] | list[Any], *,
                    endpoint_id: UUID | str | None = None, idempotency_key: str | None = None,
+                   payload_retention_s: float | None = None,
                    conn: AnyConn | None = None) -> SentMessage:
         """Send ``payload`` (the exact JSON body, as PostgreSQL's jsonb prints it) to
         ``endpoint_id``, or to every enabled endpoint subscribed to ``event_type``: one
-        ``webhook.deliver`` run each. With ``conn``, inside the caller's transaction."""
+        ``webhook.deliver`` run each. With ``conn``, inside the caller's transaction.
+        ``payload_retention_s``: drop this message's payload that long after it is sent
+        instead of after ``webhooks.payload_retention_s``."""
+        _check_retention(payload_retention_s)
         await self._catalog.check_messages(
             [(event_type, payload)], allow_unknown=self.settings.allow_unknown_event_types,
             numbered=False)
@@ -407,11 +412,24 @@ class Webhooks:
         # single send about 0.1 ms).
         with translated_errors():
             async with (self._rt.warm_connection() if conn is None
-                        else self._conn(conn)) as c:
+                        else self._conn(conn)) as c, self._atomic_if(c, payload_retention_s):
                 # (message_id, created, deliveries): SentMessage's fields in order
                 (sent,) = await self._all(c, self._rt.queries.webhook_message_send, params,
                                           args_row(SentMessage))
+                await self._retain(c, [sent], payload_retention_s)
         return sent
+
+    def _atomic_if(self, conn: AnyConn,
+                   retention_s: float | None) -> AbstractAsyncContextManager[Any]:
+        """A send with a retention of its own is two statements: one transaction."""
+        return nullcontext() if retention_s is None else self._atomic(conn)
+
+    async def _retain(self, conn: AnyConn, sent: Sequence[SentMessage],
+                      retention_s: float | None) -> None:
+        ids = [s.id for s in sent if s.created]
+        if retention_s is not None and ids:
+            await conn.execute(self._rt.queries.webhook_message_retain_until,
+                               {"ids": ids, "retention_s": retention_s})
 
     async def send_many(self, messages: Sequence[WebhookMessage | tuple[str, Any]], *,
                         conn: AnyConn | None = None) -> list[SentMessage]:
@@ -421,6 +439,8 @@ class Webhooks:
         ``(event_type, payload)`` pair; the answer is in the same order. A message that
         :meth:`send` would refuse refuses the batch, naming its position (from 1)."""
         items = [m if isinstance(m, WebhookMessage) else WebhookMessage(*m) for m in messages]
+        for m in items:
+            _check_retention(m.payload_retention_s)
         texts = [_payload_text(m.payload, where=f"message {n}: ")
                  for n, m in enumerate(items, 1)]
         await self._catalog.check_messages(
@@ -433,6 +453,9 @@ class Webhooks:
                     chunk = items[start:start + SEND_MANY_CHUNK]
                     sent += await self._send_chunk(c, chunk, texts[start:start + len(chunk)],
                                                    first=start + 1)
+                for retention in {m.payload_retention_s for m in items} - {None}:
+                    await self._retain(c, [s for s, m in zip(sent, items, strict=True)
+                                           if m.payload_retention_s == retention], retention)
         return sent
 
     @staticmethod
@@ -594,8 +617,16 @@ class Webhooks:
     async def resend(self, message_id: str, *, endpoint_id: UUID | str | None = None,
                      conn: AnyConn | None = None) -> list[Resent]:
         """A manual attempt (its own run, no retries on failure) per delivery of the message,
-        or to one endpoint. Returns ``[{"endpoint_id", "run_id"}]``."""
+        or to one endpoint. Returns ``[{"endpoint_id", "run_id"}]``. A message whose payload
+        was dropped by retention is refused (InvalidTransition): there is nothing to send."""
         async with self._conn(conn) as c:
+            found = await self._all(c, self._rt.queries.webhook_message_get,
+                                    {"id": message_id}, message_row)
+            if found and found[0]["payload_dropped_at"] is not None:
+                raise InvalidTransition(
+                    f"webhook message {message_id} cannot be resent: its payload was dropped "
+                    f"at {found[0]['payload_dropped_at'].isoformat()} by its retention "
+                    "(webhooks.payload_retention_s)")
             rows = await self._all(c, self._rt.queries.webhook_delivery_resend, {
                 "message_id": message_id,
                 "endpoint_id": _uuid(endpoint_id) if endpoint_id is not None else None},
@@ -690,6 +721,16 @@ def _payload_text(payload: Any, *, where: str = "") -> str:
         raise InvalidEnqueue(f"{where}payload contains {problem}, which PostgreSQL's jsonb "
                              "cannot store")
     return text
+
+
+MAX_PAYLOAD_RETENTION_S = 100 * 365 * 86_400.0
+"""The longest payload retention a message may ask for (100 years)."""
+
+
+def _check_retention(retention_s: float | None) -> None:
+    if retention_s is not None and not 0 < retention_s <= MAX_PAYLOAD_RETENTION_S:
+        raise InvalidEnqueue(f"payload_retention_s must be more than 0 and at most "
+                             f"{MAX_PAYLOAD_RETENTION_S:.0f} s (100 years), got {retention_s}")
 
 
 def _sent_row(ord: int, message_id: str, created: bool, deliveries: int) -> SentMessage:
