@@ -2,7 +2,7 @@
 failure, why disabled), their deliveries; messages with every attempt (status code, duration,
 error kind, response excerpt), pending ones with their next attempt and whether the circuit
 holds them; messages filtered by event type and endpoint, their failed and retrying deliveries
-counted; and the actions resend, resend every failed delivery of an endpoint since a time,
+counted; the event-type catalog (name, description, schema); and the actions resend, resend every failed delivery of an endpoint since a time,
 send an endpoint the messages it missed since a time (counted and confirmed first),
 enable / disable (after a confirmation) and rotate secret.
 
@@ -164,6 +164,11 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
         return redirect(request, f"/webhooks/endpoints/{endpoint_id}", done=action)
 
     _add_message_pages(router, ui, service)
+
+    @router.get("/webhooks/event-types", response_class=HTMLResponse)
+    async def event_types(request: Request, viewer: Signed) -> Response:
+        return ui.page(request, viewer, "webhook_event_types.html",
+                       event_types=await service().event_types())
 
 
 def _add_message_pages(router: APIRouter, ui: Ui, service: Callable[[], Webhooks]) -> None:

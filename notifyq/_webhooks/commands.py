@@ -21,6 +21,7 @@ from notifyq._app import App
 from notifyq._console import Parser, load_app, run_async, session, table, when
 from notifyq._db.pool import AsyncConn
 from notifyq._errors import InvalidEndpoint
+from notifyq._settings import Settings
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.rows import Attempt, Delivery
 from notifyq._webhooks.service import SentMessage
@@ -29,7 +30,8 @@ from notifyq._webhooks.service import SentMessage
 def add_webhooks_parser(sub: Any) -> None:
     hooks = sub.add_parser("webhooks", help="webhook endpoints, messages and attempts")
     actions = hooks.add_subparsers(dest="action", required=True, parser_class=Parser,
-                                   metavar="endpoints|event-types|send|attempts|resend|recover|replay-missing")
+                                   metavar="endpoints|event-types|send|attempts|resend|recover|replay-missing|"
+                                   "portal-link")
     _add_endpoints(actions, Parser)
     _add_event_types(actions, Parser)
 
@@ -66,7 +68,18 @@ def add_webhooks_parser(sub: Any) -> None:
                         help="at most this many messages (default 10000)")
     replay.add_argument("--dry-run", action="store_true", help="count them; send nothing")
     replay.set_defaults(func=cmd_replay_missing)
-    for parser in (send, attempts, resend, recover, replay):
+
+    portal = actions.add_parser("portal-link", help="mint a one-time sign-in link to the "
+                                                    "customer portal for a tenant; prints it")
+    portal.add_argument("tenant_id", metavar="TENANT")
+    portal.add_argument("--ttl-s", type=float, metavar="S",
+                        help="seconds it stays valid (webhooks.portal_link_ttl_s)")
+    portal.add_argument("--read-only", action="store_true",
+                        help="the customer sees, but changes nothing")
+    portal.add_argument("--url", metavar="BASE", help="where customers reach this server "
+                        "(webhooks.portal_url; default http://API_HOST:API_PORT)")
+    portal.set_defaults(func=cmd_portal_link)
+    for parser in (send, attempts, resend, recover, replay, portal):
         _common(parser)
 
 
@@ -432,5 +445,27 @@ def cmd_replay_missing(args: argparse.Namespace) -> int:
         else:
             text = f"endpoint {args.endpoint_id} missed nothing since {since.isoformat()}"
         _emit(args, r.to_json(), text)
+        return 0
+    return _run(args, go)
+
+
+def _portal_base(args: argparse.Namespace, settings: Settings) -> str:
+    if args.url:
+        return str(args.url)
+    if settings.webhooks.portal_url:
+        return settings.webhooks.portal_url
+    return f"http://{settings.api.host}:{settings.api.port}"
+
+
+def cmd_portal_link(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        del conn  # the link is written on a connection of its own
+        link = await app.webhooks.portal.mint(args.tenant_id, ttl_s=args.ttl_s,
+                                              read_only=args.read_only,
+                                              base_url=_portal_base(args, app.settings))
+        _say(f"portal link for tenant {link.tenant_id!r}"
+             f"{' (read-only)' if link.read_only else ''}: opens once, until "
+             f"{link.expires_at.isoformat(timespec='seconds')}")
+        _emit(args, link.to_json(), link.url)
         return 0
     return _run(args, go)
