@@ -31,8 +31,9 @@ from notifyq._http import problems
 from notifyq._http.auth import PUBLIC_PATHS, Authenticator, RequireToken
 from notifyq._http.metrics import CONTENT_TYPE, Metrics
 from notifyq._ui.app import create_ui
-from notifyq._ui.portal import COOKIE as PORTAL_COOKIE
-from notifyq._ui.portal import create_portal, portal_form_limit
+from notifyq._ui.portal import create_portal
+from notifyq._ui.portal_web import COOKIE as PORTAL_COOKIE
+from notifyq._ui.portal_web import portal_form_limit
 from notifyq._ui.session import COOKIE as SESSION_COOKIE
 from notifyq._ui.session import Sessions
 from notifyq._ui.web import form_limit
@@ -58,7 +59,7 @@ class BodyLimit:
 
     ``/v1`` (what :class:`RequireToken` let through) takes up to ``max_bytes``, the dashboard
     what ``ui_limit`` says (the sign-in form from anyone, other forms from a session), the
-    customer portal what :func:`~notifyq._ui.portal.portal_form_limit` says, anything
+    customer portal what :func:`~notifyq._ui.portal_web.portal_form_limit` says, anything
     else nothing: the probes, ``/metrics``, the docs and unknown paths. A declared
     Content-Length over the limit is refused at once (413); otherwise the body is read within
     ``body_timeout_s`` (else 408), buffered up to the limit, then handed on. Every path took

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from notifyq._errors import ConfigError, InvalidEndpoint, WebhookNotFound
+from notifyq._ui.portal_web import Customer, PortalUi
 from notifyq._ui.web import Problem, read_form_lists, redirect
 from notifyq._ui.webhooks import (
     DONE,
@@ -30,9 +31,6 @@ from notifyq._ui.webhooks import (
     _since,
 )
 from notifyq._webhooks.endpoints import Endpoint
-
-if TYPE_CHECKING:
-    from notifyq._ui.portal import Customer, PortalUi
 
 DONE_HERE = {**DONE, "added": "Endpoint added", "types": "Event types saved"}
 
