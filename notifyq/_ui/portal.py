@@ -94,7 +94,7 @@ def _set_session(request: Request, response: Response, cookie: str, session_s: f
 def _pre_checked(request: Request, form: dict[str, str]) -> bool:
     pre = request.cookies.get(PRE_COOKIE)
     return (same_origin(request) and bool(pre)
-            and secrets.compare_digest(form.get("pre", ""), pre or ""))
+            and secrets.compare_digest(form.get("pre", "").encode(), (pre or "").encode()))
 
 
 def _add_sign_in(router: APIRouter, ui: PortalUi) -> None:

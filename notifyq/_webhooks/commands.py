@@ -1,7 +1,8 @@
 """``notifyq webhooks ...``: endpoints (add, list, enable, disable, rotate-secret), the
-event-type catalog (define, list, delete), send,
-attempts, resend and recover. Text by default, JSON with ``--json``. A secret is printed only by
-``add`` and ``rotate-secret``: the one time it is shown.
+event-type catalog (define, list, delete), send, attempts, resend, recover, replay-missing and
+portal-link (a one-time sign-in link to the customer portal). Text by default, JSON with
+``--json``. A secret is printed only by ``add`` and ``rotate-secret``: the one time it is
+shown.
 
 Every command that changes something says what it did in one line. Those that create something
 (``endpoints add``, ``send``, ``resend``) print what scripts read on stdout (the id, the run

@@ -19,6 +19,7 @@ from tests.support import scalar
 from tests.ui.dashboard import Dashboard
 from tests.ui.portal import Customer, code_of, mint
 from tests.vault import keys_env
+from tests.webhooks.test_api_cli import _cli
 
 Conn = psycopg.Connection[Any]
 TENANT_A = "tenant-a-admin-token-0123456789"
@@ -256,12 +257,13 @@ def test_posts_without_the_csrf_token_or_from_another_site_are_refused(
         assert customer.post(path, {"confirm": "yes"}).status_code == 303  # with it: done
     assert scalar(sql, "SELECT disabled_reason FROM notifyq.webhook_endpoint") == (
         "disabled in the customer portal")
-    with Customer(served) as stranger:  # a sign-in page's value from another browser
-        page = stranger.get("/portal/link")
-        assert page.status_code == 200
     with Customer(served) as victim:  # login CSRF: a link posted without the page's value
         forced = victim.http.post("/portal/link", data={"code": code_of(_link(served, "a"))})
         assert forced.status_code == 403
+        victim.get("/portal/link")  # its own page's value is set, but another one is sent
+        for pre in ("x" * 24, "\u00e9t\u00e9"):
+            wrong = victim.http.post("/portal/link", data={"pre": pre, "code": "c"})
+            assert wrong.status_code == 403, wrong.text
 
 
 def test_a_customer_adds_an_endpoint_with_event_types_and_sees_its_secret_once(
@@ -339,3 +341,26 @@ def test_the_dashboard_shows_the_event_type_catalog_with_descriptions_and_schema
     with Customer(served) as customer:
         assert customer.open_link(_link(served, "a")).status_code == 303
         assert "an invoice was paid" in customer.get("/portal/event-types").text
+
+
+def test_a_link_minted_on_the_command_line_opens_the_portal_once(served: Served,
+                                                                  dsn: str) -> None:
+    mine = _endpoint(served, "a")
+    printed = _cli(dsn, "portal-link", "a", "--ttl-s", "120", "--url", served.url)
+    assert printed.returncode == 0, printed.stderr
+    url = printed.stdout.strip()
+    assert url.startswith(f"{served.url}/portal/link#")
+    assert "portal link for tenant 'a'" in printed.stderr
+    with Customer(served) as customer:
+        assert customer.open_link(url).status_code == 303
+        assert mine["id"] in customer.get("/portal/").text
+    with Customer(served) as customer:
+        assert customer.open_link(url).status_code == 403
+    as_json = _cli(dsn, "portal-link", "a", "--read-only", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    link = json.loads(as_json.stdout)
+    assert (link["tenant_id"], link["read_only"]) == ("a", True)
+    assert link["url"].startswith("http://127.0.0.1:8080/portal/link#")
+    refused = _cli(dsn, "portal-link", "a", "--ttl-s", "5")
+    assert refused.returncode != 0
+    assert "ttl_s" in refused.stderr
