@@ -364,3 +364,40 @@ def test_a_link_minted_on_the_command_line_opens_the_portal_once(served: Served,
     refused = _cli(dsn, "portal-link", "a", "--ttl-s", "5")
     assert refused.returncode != 0
     assert "ttl_s" in refused.stderr
+
+
+def test_a_customer_changes_event_types_disables_enables_and_replays_what_was_missed(
+        served: Served, sql: Conn) -> None:
+    mine = _endpoint(served, "a")
+    path = f"/portal/endpoints/{mine['id']}"
+    since = sql.execute("SELECT to_char(now() at time zone 'UTC' - interval '1 hour', "
+                        "'YYYY-MM-DD\"T\"HH24:MI')").fetchone()
+    assert since is not None
+    with Customer(served) as customer:
+        assert customer.open_link(_link(served, "a")).status_code == 303
+        typed = customer.post(f"{path}/event-types", {"all_types": "no",
+                                                      "event_type": "order.paid, order.sent"})
+        assert typed.status_code == 303, typed.text
+        assert "Event types saved" in customer.get(typed.headers["location"]).text
+        assert scalar(sql, "SELECT event_types FROM notifyq.webhook_endpoint") == [
+            "order.paid", "order.sent"]
+        asked = customer.post(f"{path}/disable")
+        assert asked.status_code == 200
+        assert "pending deliveries are canceled" in asked.text
+        assert scalar(sql, "SELECT disabled_at FROM notifyq.webhook_endpoint") is None
+        assert customer.post(f"{path}/disable", {"confirm": "yes"}).status_code == 303
+        missed = _send(served, None)  # order.paid by event type, while it is disabled
+        assert scalar(sql, "SELECT count(*) FROM notifyq.webhook_delivery") == 0
+        assert customer.post(f"{path}/enable").status_code == 303
+        counted = customer.post(f"{path}/replay", {"since": since[0]})
+        assert counted.status_code == 200, counted.text
+        assert "It never got 1 message(s)" in counted.text
+        assert scalar(sql, "SELECT count(*) FROM notifyq.webhook_delivery") == 0
+        replayed = customer.post(f"{path}/replay", {"since": since[0], "confirm": "yes"})
+        assert replayed.status_code == 303, replayed.text
+        assert "changed=1" in replayed.headers["location"]
+        assert scalar(sql, "SELECT message_id FROM notifyq.webhook_delivery") == missed
+        recovered = customer.post(f"{path}/recover", {"since": since[0]})
+        assert "changed=0" in recovered.headers["location"]  # nothing failed
+        assert customer.post(f"{path}/recover", {"since": "yesterday"}).status_code == 422
+        assert missed in customer.get(path).text
