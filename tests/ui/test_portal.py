@@ -401,3 +401,17 @@ def test_a_customer_changes_event_types_disables_enables_and_replays_what_was_mi
         assert "changed=0" in recovered.headers["location"]  # nothing failed
         assert customer.post(f"{path}/recover", {"since": "yesterday"}).status_code == 422
         assert missed in customer.get(path).text
+
+
+def test_a_stranger_posts_at_most_a_sign_in_form_and_a_forged_cookie_signs_nothing_in(
+        served: Served) -> None:
+    big = {"url": URL, "description": "x" * 10_000}
+    with Customer(served) as stranger:
+        assert stranger.post("/portal/endpoints", big, csrf=False).status_code == 413
+        assert stranger.post("/portal/link", {"code": "x" * 5000}, csrf=False
+                             ).status_code == 413
+        stranger.http.cookies.set("nq_portal", "forged-" + "x" * 40, path="/portal/")
+        answer = stranger.post("/portal/endpoints", big, csrf=False)
+        assert answer.status_code == 401  # read, then refused: no such session
+        assert "Signed out" in answer.text
+        assert stranger.get("/portal/").status_code == 303
