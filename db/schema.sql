@@ -970,6 +970,44 @@ END
 $$;
 
 --
+-- Name: _webhook_endpoint_operator_event(); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._webhook_endpoint_operator_event() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+BEGIN
+    IF OLD.disabled_at IS NULL AND NEW.disabled_at IS NOT NULL THEN
+        INSERT INTO operator_event (kind, endpoint_id, tenant_id, detail, created_at)
+        VALUES ('endpoint.disabled', NEW.id, NEW.tenant_id, jsonb_build_object(
+                    'reason', NEW.disabled_reason,
+                    'cause', CASE WHEN NEW.disabled_reason = 'the endpoint answered 410 Gone'
+                                  THEN 'gone'
+                                  WHEN NEW.disabled_reason LIKE 'failing continuously since %'
+                                  THEN 'failing' ELSE 'operator' END,
+                    'failing_since', OLD.failing_since),
+                NEW.disabled_at);
+    END IF;
+    IF OLD.circuit_open_until IS NULL AND NEW.circuit_open_until IS NOT NULL THEN
+        INSERT INTO operator_event (kind, endpoint_id, tenant_id, detail)
+        VALUES ('endpoint.circuit_opened', NEW.id, NEW.tenant_id, jsonb_build_object(
+                    'open_until', NEW.circuit_open_until,
+                    'consecutive_failures', NEW.consecutive_failures,
+                    'failing_since', NEW.failing_since));
+    ELSIF OLD.circuit_open_until IS NOT NULL AND NEW.circuit_open_until IS NULL THEN
+        INSERT INTO operator_event (kind, endpoint_id, tenant_id, detail)
+        VALUES ('endpoint.circuit_closed', NEW.id, NEW.tenant_id, jsonb_build_object(
+                    'failing_since', OLD.failing_since,
+                    'consecutive_failures', OLD.consecutive_failures,
+                    'cause', CASE WHEN NEW.disabled_at IS NULL AND OLD.disabled_at IS NOT NULL
+                                  THEN 'enabled' ELSE 'success' END));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+--
 -- Name: enqueue(text, jsonb, timestamp with time zone, integer, text, integer, text, text[], text, text, text, boolean); Type: FUNCTION; Schema: notifyq; Owner: -
 --
 
@@ -1247,6 +1285,37 @@ CREATE TABLE notifyq.leader (
     leader_id text NOT NULL,
     elected_at timestamp with time zone DEFAULT now() NOT NULL,
     expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: operator_event; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.operator_event (
+    id bigint NOT NULL,
+    kind text NOT NULL,
+    endpoint_id uuid,
+    tenant_id text,
+    detail jsonb DEFAULT '{}'::jsonb NOT NULL,
+    dedupe_key text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    emitted_at timestamp with time zone,
+    message_id text,
+    CONSTRAINT operator_event_detail_check CHECK ((jsonb_typeof(detail) = 'object'::text)),
+    CONSTRAINT operator_event_kind_check CHECK ((kind = ANY (ARRAY['endpoint.disabled'::text, 'endpoint.circuit_opened'::text, 'endpoint.circuit_closed'::text, 'endpoint.failing'::text, 'retention.purged'::text])))
+);
+
+--
+-- Name: operator_event_id_seq; Type: SEQUENCE; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE notifyq.operator_event ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME notifyq.operator_event_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
 );
 
 --
@@ -1580,6 +1649,20 @@ ALTER TABLE ONLY notifyq.leader
     ADD CONSTRAINT leader_pkey PRIMARY KEY (name);
 
 --
+-- Name: operator_event operator_event_dedupe_key_key; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.operator_event
+    ADD CONSTRAINT operator_event_dedupe_key_key UNIQUE (dedupe_key);
+
+--
+-- Name: operator_event operator_event_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.operator_event
+    ADD CONSTRAINT operator_event_pkey PRIMARY KEY (id);
+
+--
 -- Name: pause pause_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
 --
 
@@ -1806,6 +1889,18 @@ CREATE INDEX job_signal_token_idx ON notifyq.job_signal USING btree (token, id);
 CREATE INDEX key_rotation_created_idx ON notifyq.key_rotation USING btree (created_at);
 
 --
+-- Name: operator_event_created_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX operator_event_created_idx ON notifyq.operator_event USING btree (created_at);
+
+--
+-- Name: operator_event_unemitted_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX operator_event_unemitted_idx ON notifyq.operator_event USING btree (id) WHERE (emitted_at IS NULL);
+
+--
 -- Name: portal_link_expires_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
@@ -1842,6 +1937,12 @@ CREATE INDEX webhook_delivery_endpoint_idx ON notifyq.webhook_delivery USING btr
 CREATE INDEX webhook_delivery_endpoint_message_idx ON notifyq.webhook_delivery USING btree (endpoint_id, message_id);
 
 --
+-- Name: webhook_endpoint_failing_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX webhook_endpoint_failing_idx ON notifyq.webhook_endpoint USING btree (failing_since) WHERE ((failing_since IS NOT NULL) AND (disabled_at IS NULL));
+
+--
 -- Name: webhook_endpoint_tenant_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
@@ -1858,6 +1959,12 @@ CREATE INDEX webhook_secret_endpoint_idx ON notifyq.webhook_secret USING btree (
 --
 
 CREATE TRIGGER job_run_finished AFTER UPDATE OF finished_at ON notifyq.job_run FOR EACH ROW WHEN (((new.awaited OR (new.parent_run_id IS NOT NULL) OR new.has_children) AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])))) EXECUTE FUNCTION notifyq._after_run_finished();
+
+--
+-- Name: webhook_endpoint webhook_endpoint_operator_event; Type: TRIGGER; Schema: notifyq; Owner: -
+--
+
+CREATE TRIGGER webhook_endpoint_operator_event AFTER UPDATE OF disabled_at, circuit_open_until ON notifyq.webhook_endpoint FOR EACH ROW WHEN ((((old.disabled_at IS NULL) AND (new.disabled_at IS NOT NULL)) OR ((old.circuit_open_until IS NULL) <> (new.circuit_open_until IS NULL)))) EXECUTE FUNCTION notifyq._webhook_endpoint_operator_event();
 
 --
 -- Name: job_run job_run_parent_run_id_fkey; Type: FK CONSTRAINT; Schema: notifyq; Owner: -

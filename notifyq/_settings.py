@@ -13,6 +13,7 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from uuid import UUID
 
 from pydantic import (
     BaseModel,
@@ -420,6 +421,22 @@ class WebhookSettings(_Section):
     (a link is spent by its first use in any case). Defaults to 900 (15 min)."""
     portal_session_s: Annotated[float, Field(ge=60, le=7 * 86_400)] = 7200.0
     """How long a customer portal session lasts after signing in. Defaults to 7200 (2 h)."""
+    failing_alert_after_s: Annotated[float, Field(ge=0)] = 3600.0
+    """An endpoint failing continuously this long (no success) raises one
+    ``endpoint.failing`` operator event per failure streak, well before ``disable_after_s``
+    disables it. 0 turns the event off. Defaults to 1 hour."""
+    operator_endpoint_id: UUID | None = None
+    """The webhook endpoint operator events are sent to, as ordinary signed and retried
+    messages of types ``notifyq.endpoint.disabled`` etc. (create an endpoint for your own
+    receiver, subscribed to ``notifyq.*`` types only, and put its id here; the leader's
+    setting is the one used). Defaults to none: operator events are logged, counted and
+    listed only."""
+    operator_events_interval_s: Seconds = 5.0
+    """How often the leader looks for endpoints failing for long and emits the operator
+    events recorded since (log line, metric, webhook). Defaults to 5.0."""
+    operator_events_retention_s: Seconds = 30 * 86_400.0
+    """Emitted operator events are kept this long (listed by ``app.webhooks.operator_events``,
+    ``GET /v1/webhooks/operator-events``). Defaults to 30 days."""
 
     @field_validator("allowed_networks", "allowed_ports", mode="before")
     @classmethod

@@ -69,6 +69,7 @@ class QueryNames:
     job_run_series: LiteralString
     job_run_type_overview: LiteralString
     job_run_read_no_jit: LiteralString
+    job_run_count_timeout: LiteralString
     job_run_await: LiteralString
     job_run_get_for_update: LiteralString
     job_run_replay: LiteralString
@@ -135,6 +136,14 @@ class QueryNames:
     # db/queries/notifier.sql
     notifier_listen: LiteralString
     notifier_ping: LiteralString
+
+    # db/queries/operator_event.sql
+    operator_event_record: LiteralString
+    operator_event_record_failing: LiteralString
+    operator_event_claim: LiteralString
+    operator_event_sent: LiteralString
+    operator_event_list: LiteralString
+    operator_event_prune: LiteralString
 
     # db/queries/pause.sql
     pause_set: LiteralString

@@ -58,6 +58,10 @@ class Reveals:
         return secret if expires > now else None
 
 
+OPERATOR_EVENTS_SHOWN = 20
+"""The recent operator events under the endpoints (``notifyq webhooks events`` lists more)."""
+
+
 def _endpoint_id(text: str) -> UUID:
     try:
         return UUID(text)
@@ -84,11 +88,7 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
 
     @router.get("/webhooks", response_class=HTMLResponse)
     async def endpoints(request: Request, viewer: Signed) -> Response:
-        hooks = service()
-        items = await hooks.list_endpoints(limit=1000)
-        health = {h["endpoint_id"]: h for h in await hooks.health(
-            endpoint_ids=[e.id for e in items])}
-        return ui.page(request, viewer, "webhooks.html", endpoints=items, health=health,
+        return ui.page(request, viewer, "webhooks.html", **await _overview(service()),
                        done=_done(request))
 
     @router.get("/webhooks/endpoints/{id}", response_class=HTMLResponse)
@@ -210,6 +210,15 @@ def _add_message_pages(router: APIRouter, ui: Ui, service: Callable[[], Webhooks
             raise Problem(404, "Nothing to resend", str(exc)) from None
         return redirect(request, f"/webhooks/messages/{message_id}", done="resend",
                         changed=str(len(rows)))
+
+
+async def _overview(hooks: Webhooks) -> dict[str, Any]:
+    """The Webhooks page: every endpoint with its health, and the latest operator events."""
+    items = await hooks.list_endpoints(limit=1000)
+    health = {h["endpoint_id"]: h for h in await hooks.health(
+        endpoint_ids=[e.id for e in items])}
+    return {"endpoints": items, "health": health,
+            "events": await hooks.operator_events(limit=OPERATOR_EVENTS_SHOWN)}
 
 
 async def _endpoint(hooks: Webhooks, endpoint_id: UUID) -> Endpoint:

@@ -1,8 +1,8 @@
 """``notifyq webhooks ...``: endpoints (add, list, enable, disable, rotate-secret), the
-event-type catalog (define, list, delete), send, attempts, resend, recover, replay-missing and
-portal-link (a one-time sign-in link to the customer portal). Text by default, JSON with
-``--json``. A secret is printed only by ``add`` and ``rotate-secret``: the one time it is
-shown.
+event-type catalog (define, list, delete), send, attempts, resend, recover, replay-missing,
+the operator events (``events``) and portal-link (a one-time sign-in link to the customer
+portal). Text by default, JSON with ``--json``. A secret is printed only by ``add`` and
+``rotate-secret``: the one time it is shown.
 
 Every command that changes something says what it did in one line. Those that create something
 (``endpoints add``, ``send``, ``resend``) print what scripts read on stdout (the id, the run
@@ -25,14 +25,14 @@ from notifyq._errors import InvalidEndpoint
 from notifyq._settings import Settings
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.rows import Attempt, Delivery
-from notifyq._webhooks.service import SentMessage
+from notifyq._webhooks.service import OPERATOR_EVENT_KINDS, SentMessage
 
 
 def add_webhooks_parser(sub: Any) -> None:
     hooks = sub.add_parser("webhooks", help="webhook endpoints, messages and attempts")
     actions = hooks.add_subparsers(dest="action", required=True, parser_class=Parser,
-                                   metavar="endpoints|event-types|send|attempts|resend|recover|replay-missing|"
-                                   "portal-link")
+                                   metavar="endpoints|event-types|send|attempts|resend|recover|"
+                                           "replay-missing|events|portal-link")
     _add_endpoints(actions, Parser)
     _add_event_types(actions, Parser)
 
@@ -80,7 +80,15 @@ def add_webhooks_parser(sub: Any) -> None:
     portal.add_argument("--url", metavar="BASE", help="where customers reach this server "
                         "(webhooks.portal_url; default http://API_HOST:API_PORT)")
     portal.set_defaults(func=cmd_portal_link)
-    for parser in (send, attempts, resend, recover, replay, portal):
+
+    events = actions.add_parser("events", help="operator events, newest first: endpoints "
+                                "disabled, circuits opened and closed, endpoints failing "
+                                "for long, purge passes")
+    events.add_argument("--kind", choices=OPERATOR_EVENT_KINDS, help="only this kind")
+    events.add_argument("--endpoint", metavar="ID", help="only about this endpoint")
+    events.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    events.set_defaults(func=cmd_events)
+    for parser in (send, attempts, resend, recover, replay, events, portal):
         _common(parser)
 
 
@@ -470,3 +478,20 @@ def cmd_portal_link(args: argparse.Namespace) -> int:
         _emit(args, link.to_json(), link.url)
         return 0
     return _run(args, go)
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        rows = await app.webhooks.operator_events(kind=args.kind, endpoint_id=args.endpoint,
+                                                  limit=args.limit, conn=conn)
+        _emit(args, rows, "\n".join(_event_line(r) for r in rows) or "no operator events")
+        return 0
+    return _run(args, go)
+
+
+def _event_line(row: dict[str, Any]) -> str:
+    about = f"endpoint {row['endpoint_id']}" if row["endpoint_id"] else "retention"
+    detail = ", ".join(f"{k}={v}" for k, v in sorted(row["detail"].items()) if v is not None)
+    sent = "" if row["emitted_at"] else "  (not emitted yet)"
+    return (f"{row['id']}  {when(row['created_at'])}  {row['kind']}  {about}  {detail}"
+            f"{sent}")

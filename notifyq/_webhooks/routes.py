@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -38,7 +38,7 @@ from notifyq._webhooks.endpoints import (
 )
 from notifyq._webhooks.portal import MAX_LINK_TTL_S, MIN_LINK_TTL_S
 from notifyq._webhooks.rows import Message
-from notifyq._webhooks.service import MAX_REPLAY, WebhookMessage
+from notifyq._webhooks.service import MAX_REPLAY, OPERATOR_EVENT_KINDS, WebhookMessage
 
 MESSAGE_ID = r"^[A-Za-z0-9_-]{1,64}$"
 Header = dict[Annotated[str, Field(max_length=MAX_HEADER_NAME_LEN)],
@@ -199,6 +199,7 @@ def add_webhook_routes(router: APIRouter, app: App, read: list[Any], admin: list
     _add_message_routes(router, app, read, admin)
     _add_event_type_routes(router, app, read, admin_all)
     _add_portal_routes(router, app, admin)
+    _add_operator_event_routes(router, app, read)
 
 
 class PortalLinkIn(_In):
@@ -236,6 +237,55 @@ def _add_portal_routes(router: APIRouter, app: App, admin: list[Any]) -> None:
                 base_url=app.settings.webhooks.portal_url or str(request.base_url))
             return JSONResponse(link.to_json(), status_code=201)
         return await _answer(go)
+
+
+
+OperatorEventKind = Literal["endpoint.disabled", "endpoint.circuit_opened",
+                            "endpoint.circuit_closed", "endpoint.failing", "retention.purged"]
+assert set(get_args(OperatorEventKind)) == set(OPERATOR_EVENT_KINDS)  # noqa: S101
+
+
+class OperatorEventOut(BaseModel):
+    id: int
+    kind: OperatorEventKind
+    endpoint_id: UUID | None
+    tenant_id: str | None
+    detail: dict[str, Any] = Field(description=(
+        "endpoint.disabled: reason, cause (gone, failing, operator), failing_since; "
+        "endpoint.circuit_opened: open_until, consecutive_failures, failing_since; "
+        "endpoint.circuit_closed: cause (success, enabled), failing_since; endpoint.failing: "
+        "failing_since, failing_for_s, consecutive_failures; retention.purged: runs_deleted, "
+        "signals_expired and the retentions"))
+    created_at: datetime
+    emitted_at: datetime | None = Field(description="when the leader logged, counted and sent "
+                                        "it; null: within webhooks.operator_events_interval_s")
+    message_id: str | None = Field(description="the message it was sent as to "
+                                   "webhooks.operator_endpoint_id; null: none configured")
+
+
+class OperatorEventList(BaseModel):
+    items: list[OperatorEventOut]
+    next_cursor: int | None
+
+
+def _add_operator_event_routes(router: APIRouter, app: App, read: list[Any]) -> None:
+    @router.get("/webhooks/operator-events", dependencies=read,
+                response_model=OperatorEventList, responses=responses_for(422, 401, 403),
+                tags=["webhooks"],
+                summary="Operator events, newest first: endpoints disabled, circuits opened "
+                        "and closed, endpoints failing for long, purge passes")
+    async def list_operator_events(
+        tenants: Tenants,
+        kind: OperatorEventKind | None = None,
+        endpoint_id: UUID | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        cursor: Annotated[int | None, Query(ge=1)] = None,
+    ) -> Any:
+        rows = await app.webhooks.operator_events(kind=kind, endpoint_id=endpoint_id,
+                                                  before=cursor, limit=limit,
+                                                  tenant_ids=tenants)
+        return {"items": [_plain(r) for r in rows],
+                "next_cursor": rows[-1]["id"] if len(rows) == limit else None}
 
 
 class EventTypeIn(_In):

@@ -110,6 +110,10 @@ class Replayed:
             {"message_id": r["message_id"], "run_id": str(r["run_id"])} for r in self.items]}
 
 
+OPERATOR_EVENT_KINDS = ("endpoint.disabled", "endpoint.circuit_opened", "endpoint.circuit_closed",
+                        "endpoint.failing", "retention.purged")
+"""What :meth:`Webhooks.operator_events` lists (notifyq/_maintenance/announcer.py emits them)."""
+
 MAX_REPLAY = 100_000
 """The most messages one replay_missing call sends."""
 
@@ -517,6 +521,32 @@ class Webhooks:
                 "tenant_ids": tenant_ids}, dict_row)
         return [{**r, "window_s": window_s, "success_rate":
                  r["succeeded"] / r["attempts"] if r["attempts"] else None} for r in rows]
+
+    async def operator_events(self, *, kind: str | None = None,
+                              endpoint_id: UUID | str | None = None, before: int | None = None,
+                              limit: int = 50, tenant_ids: list[str] | None = None,
+                              conn: AnyConn | None = None) -> list[dict[str, Any]]:
+        """Operator events, newest first (``before``: the last id of the previous page): an
+        endpoint disabled, its circuit opened or closed, failing for
+        ``webhooks.failing_alert_after_s``, a purge pass. Each has ``id``, ``kind``,
+        ``endpoint_id``, ``tenant_id``, ``detail``, ``created_at``, ``emitted_at`` (None until
+        the leader logged and sent it) and ``message_id`` (the message it was sent to the
+        operator's endpoint as). ``tenant_ids``: only events about those tenants' endpoints.
+
+        Example::
+
+            for event in await app.webhooks.operator_events(kind="endpoint.disabled"):
+                print(event["endpoint_id"], event["detail"]["reason"])
+        """
+        if kind is not None and kind not in OPERATOR_EVENT_KINDS:
+            raise InvalidEndpoint(f"kind: one of {', '.join(OPERATOR_EVENT_KINDS)}, got "
+                                  f"{kind!r}")
+        if not 1 <= limit <= 1000:
+            raise InvalidEndpoint(f"limit: between 1 and 1000, got {limit}")
+        async with self._conn(conn) as c:
+            return await self._all(c, self._rt.queries.operator_event_list, {
+                "kind": kind, "before": before, "limit": limit, "tenant_ids": tenant_ids,
+                "endpoint_id": None if endpoint_id is None else _uuid(endpoint_id)}, dict_row)
 
     async def tries(self, runs: Sequence[Run], *,
                     conn: AnyConn | None = None) -> dict[UUID, tuple[int, int]]:

@@ -51,7 +51,8 @@ async def test_migrate_applies_everything_then_is_a_no_op(empty: AConn) -> None:
     applied = await migrations.migrate(empty, "notifyq")
     shipped = migrations.available()
     assert [m.version for m in applied] == [m.version for m in shipped]
-    assert [m.version for m in shipped] == list(range(1, len(shipped) + 1))
+    versions = [m.version for m in shipped]  # ascending and unique; gaps are allowed (numbers
+    assert versions == sorted(set(versions))  # are handed out to parallel branches)
     assert {"job", "job_run", "job_step", "job_signal", "leader", "periodic_tick",
             "schema_migration"} <= await _tables(empty)
     assert await migrations.migrate(empty, "notifyq") == []

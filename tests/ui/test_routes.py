@@ -302,6 +302,12 @@ def test_webhook_pages_show_health_and_act(served: Served, sql: Conn, admin: Das
     disabled = admin.post(f"/ui/webhooks/endpoints/{endpoint['id']}/disable", {"confirm": "yes"})
     assert disabled.status_code == 303
     assert "disabled" in admin.get(disabled.headers["location"]).text
+
+    def announced() -> None:  # the leader's announcer, within its interval (5 s)
+        events = admin.get("/ui/webhooks").text.split('id="operator-events"')[1]
+        assert "endpoint.disabled" in events
+        assert "cause: operator" in events
+    wait_until(announced, timeout=20)
     rotated = admin.post(f"/ui/webhooks/endpoints/{endpoint['id']}/rotate")
     assert rotated.status_code == 303
     assert reader.get(rotated.headers["location"]).text.count("whsec_") == 0  # not theirs
