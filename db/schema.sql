@@ -1449,6 +1449,36 @@ CREATE TABLE notifyq.periodic_tick (
 );
 
 --
+-- Name: portal_link; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.portal_link (
+    code_hash bytea NOT NULL,
+    tenant_id text NOT NULL,
+    read_only boolean DEFAULT false NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    used_at timestamp with time zone,
+    CONSTRAINT portal_link_code_hash_check CHECK ((octet_length(code_hash) = 32)),
+    CONSTRAINT portal_link_tenant_id_check CHECK (((length(tenant_id) >= 1) AND (length(tenant_id) <= 512)))
+);
+
+--
+-- Name: portal_session; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.portal_session (
+    cookie_hash bytea NOT NULL,
+    tenant_id text NOT NULL,
+    read_only boolean DEFAULT false NOT NULL,
+    token_name text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT portal_session_cookie_hash_check CHECK ((octet_length(cookie_hash) = 32)),
+    CONSTRAINT portal_session_tenant_id_check CHECK (((length(tenant_id) >= 1) AND (length(tenant_id) <= 512)))
+);
+
+--
 -- Name: rate_window; Type: TABLE; Schema: notifyq; Owner: -
 --
 
@@ -1772,6 +1802,20 @@ ALTER TABLE ONLY notifyq.periodic_tick
     ADD CONSTRAINT periodic_tick_pkey PRIMARY KEY (name, tick_at);
 
 --
+-- Name: portal_link portal_link_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.portal_link
+    ADD CONSTRAINT portal_link_pkey PRIMARY KEY (code_hash);
+
+--
+-- Name: portal_session portal_session_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.portal_session
+    ADD CONSTRAINT portal_session_pkey PRIMARY KEY (cookie_hash);
+
+--
 -- Name: rate_window rate_window_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
 --
 
@@ -1973,6 +2017,18 @@ CREATE INDEX operator_event_created_idx ON notifyq.operator_event USING btree (c
 --
 
 CREATE INDEX operator_event_unemitted_idx ON notifyq.operator_event USING btree (id) WHERE (emitted_at IS NULL);
+
+--
+-- Name: portal_link_expires_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX portal_link_expires_idx ON notifyq.portal_link USING btree (expires_at);
+
+--
+-- Name: portal_session_expires_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX portal_session_expires_idx ON notifyq.portal_session USING btree (expires_at);
 
 --
 -- Name: webhook_attempt_endpoint_idx; Type: INDEX; Schema: notifyq; Owner: -

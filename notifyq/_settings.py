@@ -411,6 +411,16 @@ class WebhookSettings(_Section):
     breaker_cooldown_s: Seconds = 60.0
     """How long an open circuit parks an endpoint's deliveries before a probe. Defaults to
     60.0."""
+    portal_url: Annotated[str, Field(pattern=r"^https?://[^/?#]+(/[^?#]*)?$")] | None = None
+    """Where customers reach this server's customer portal (e.g.
+    ``https://hooks.example.com``; ``/portal/link#...`` is appended): the address of the sign-in
+    links ``POST /v1/portal/links`` mints. Defaults to none: the address the minting request
+    was sent to."""
+    portal_link_ttl_s: Annotated[float, Field(ge=10, le=86_400)] = 900.0
+    """How long a minted portal sign-in link stays valid when the call gives no ``ttl_s``
+    (a link is spent by its first use in any case). Defaults to 900 (15 min)."""
+    portal_session_s: Annotated[float, Field(ge=60, le=7 * 86_400)] = 7200.0
+    """How long a customer portal session lasts after signing in. Defaults to 7200 (2 h)."""
     failing_alert_after_s: Annotated[float, Field(ge=0)] = 3600.0
     """An endpoint failing continuously this long (no success) raises one
     ``endpoint.failing`` operator event per failure streak, well before ``disable_after_s``

@@ -82,3 +82,41 @@ FROM due, n
 WHERE m.id = due.id
   AND NOT EXISTS (SELECT 1 FROM {schema}.webhook_delivery d
                   WHERE d.message_id = m.id AND d.status = 'pending')
+-- name: webhook_message_list_for_tenant
+-- The customer portal's messages: those with a delivery to an endpoint of `tenant_id` (sent to
+-- it, or by event type), newest first, keyset-paged with `before`; counts are of that
+-- tenant's deliveries only. Walks webhook_endpoint_tenant_idx (0016), then
+-- webhook_delivery_endpoint_message_idx (0008) backwards per endpoint, `limit` each at most.
+SELECT m.id, m.event_type, m.created_at, octet_length(m.body) AS size,
+       c.deliveries, c.failed, c.retrying
+FROM (
+    SELECT DISTINCT x.message_id
+    FROM {schema}.webhook_endpoint e
+    CROSS JOIN LATERAL (
+        SELECT d.message_id FROM {schema}.webhook_delivery d
+        WHERE d.endpoint_id = e.id
+          AND (%(before)s::text IS NULL OR d.message_id < %(before)s::text)
+        ORDER BY d.message_id DESC
+        LIMIT %(limit)s
+    ) x
+    WHERE e.tenant_id = %(tenant_id)s
+    ORDER BY x.message_id DESC
+    LIMIT %(limit)s
+) ids
+JOIN {schema}.webhook_message m ON m.id = ids.message_id
+CROSS JOIN LATERAL (
+    SELECT count(*) AS deliveries, count(*) FILTER (WHERE d.status = 'failed') AS failed,
+           count(*) FILTER (WHERE d.status = 'pending' AND d.attempts > 0) AS retrying
+    FROM {schema}.webhook_delivery d
+    JOIN {schema}.webhook_endpoint e ON e.id = d.endpoint_id
+    WHERE d.message_id = m.id AND e.tenant_id = %(tenant_id)s
+) c
+ORDER BY m.id DESC
+
+-- name: webhook_message_delivered_to_tenant
+-- The ids of `tenant_id`'s endpoints the message has a delivery to (none: the portal answers
+-- 404, as for an unknown id).
+SELECT d.endpoint_id
+FROM {schema}.webhook_delivery d
+JOIN {schema}.webhook_endpoint e ON e.id = d.endpoint_id
+WHERE d.message_id = %(id)s AND e.tenant_id = %(tenant_id)s

@@ -162,6 +162,16 @@ class QueryNames:
     periodic_schedule_resume: LiteralString
     periodic_schedule_trigger: LiteralString
 
+    # db/queries/portal_link.sql
+    portal_link_insert: LiteralString
+    portal_link_redeem: LiteralString
+    portal_link_purge: LiteralString
+
+    # db/queries/portal_session.sql
+    portal_session_insert: LiteralString
+    portal_session_get: LiteralString
+    portal_session_delete: LiteralString
+
     # db/queries/rate_window.sql
     rate_window_list: LiteralString
     rate_window_prune: LiteralString
@@ -220,6 +230,8 @@ class QueryNames:
     webhook_message_list: LiteralString
     webhook_message_retain_until: LiteralString
     webhook_message_drop_payloads: LiteralString
+    webhook_message_list_for_tenant: LiteralString
+    webhook_message_delivered_to_tenant: LiteralString
 
     # db/queries/webhook_secret.sql
     webhook_secret_insert: LiteralString

@@ -2,9 +2,10 @@
 failure, why disabled), their deliveries; messages with every attempt (status code, duration,
 error kind, response excerpt), pending ones with their next attempt and whether the circuit
 holds them; messages filtered by event type and endpoint, their failed and retrying deliveries
-counted; and the actions resend, resend every failed delivery of an endpoint since a time,
-send an endpoint the messages it missed since a time (counted and confirmed first),
-enable / disable (after a confirmation) and rotate secret.
+counted; the event-type catalog (name, description, schema); and the actions resend, resend
+every failed delivery of an endpoint since a time, send an endpoint the messages it missed
+since a time (counted and confirmed first), enable / disable (after a confirmation)
+and rotate secret.
 
 A rotation answers with a redirect (reloading the page does not rotate again); the new secret
 waits in this process's memory, keyed by the session's CSRF token and the endpoint, for
@@ -211,6 +212,11 @@ def _add_order_actions(router: APIRouter, ui: Ui, service: Callable[[], Webhooks
 
 
 def _add_message_pages(router: APIRouter, ui: Ui, service: Callable[[], Webhooks]) -> None:
+
+    @router.get("/webhooks/event-types", response_class=HTMLResponse)
+    async def event_types(request: Request, viewer: Signed) -> Response:
+        return ui.page(request, viewer, "webhook_event_types.html",
+                       event_types=await service().event_types())
 
     @router.get("/webhooks/messages", response_class=HTMLResponse)
     async def messages(request: Request, viewer: Signed) -> Response:

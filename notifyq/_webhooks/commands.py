@@ -1,7 +1,8 @@
 """``notifyq webhooks ...``: endpoints (add, update, list, enable, disable, rotate-secret), the
 event-type catalog (define, list, delete), send, attempts, resend, give-up, recover,
-replay-missing and the operator events (``events``). Text by default, JSON with ``--json``. A
-secret is printed only by ``add`` and ``rotate-secret``: the one time it is shown.
+replay-missing, the operator events (``events``) and portal-link (a one-time sign-in link to the
+customer portal). Text by default, JSON with ``--json``. A secret is printed only by ``add`` and
+``rotate-secret``: the one time it is shown.
 
 Every command that changes something says what it did in one line. Those that create something
 (``endpoints add``, ``send``, ``resend``) print what scripts read on stdout (the id, the run
@@ -21,6 +22,7 @@ from notifyq._app import App
 from notifyq._console import Parser, load_app, run_async, session, table, when
 from notifyq._db.pool import AsyncConn
 from notifyq._errors import InvalidEndpoint
+from notifyq._settings import Settings
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.rows import Attempt, Delivery
 from notifyq._webhooks.service import OPERATOR_EVENT_KINDS, SentMessage
@@ -30,7 +32,7 @@ def add_webhooks_parser(sub: Any) -> None:
     hooks = sub.add_parser("webhooks", help="webhook endpoints, messages and attempts")
     actions = hooks.add_subparsers(dest="action", required=True, parser_class=Parser,
                                    metavar="endpoints|event-types|send|attempts|resend|"
-                                           "give-up|recover|replay-missing|events")
+                                           "give-up|recover|replay-missing|events|portal-link")
     _add_endpoints(actions, Parser)
     _add_event_types(actions, Parser)
 
@@ -78,6 +80,17 @@ def add_webhooks_parser(sub: Any) -> None:
     replay.add_argument("--dry-run", action="store_true", help="count them; send nothing")
     replay.set_defaults(func=cmd_replay_missing)
 
+    portal = actions.add_parser("portal-link", help="mint a one-time sign-in link to the "
+                                                    "customer portal for a tenant; prints it")
+    portal.add_argument("tenant_id", metavar="TENANT")
+    portal.add_argument("--ttl-s", type=float, metavar="S",
+                        help="seconds it stays valid (webhooks.portal_link_ttl_s)")
+    portal.add_argument("--read-only", action="store_true",
+                        help="the customer sees, but changes nothing")
+    portal.add_argument("--url", metavar="BASE", help="where customers reach this server "
+                        "(webhooks.portal_url; default http://API_HOST:API_PORT)")
+    portal.set_defaults(func=cmd_portal_link)
+
     events = actions.add_parser("events", help="operator events, newest first: endpoints "
                                 "disabled, circuits opened and closed, endpoints failing "
                                 "for long, purge passes")
@@ -85,7 +98,7 @@ def add_webhooks_parser(sub: Any) -> None:
     events.add_argument("--endpoint", metavar="ID", help="only about this endpoint")
     events.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     events.set_defaults(func=cmd_events)
-    for parser in (send, attempts, resend, give_up, recover, replay, events):
+    for parser in (send, attempts, resend, give_up, recover, replay, events, portal):
         _common(parser)
 
 
@@ -490,6 +503,28 @@ def cmd_replay_missing(args: argparse.Namespace) -> int:
         else:
             text = f"endpoint {args.endpoint_id} missed nothing since {since.isoformat()}"
         _emit(args, r.to_json(), text)
+        return 0
+    return _run(args, go)
+
+
+def _portal_base(args: argparse.Namespace, settings: Settings) -> str:
+    if args.url:
+        return str(args.url)
+    if settings.webhooks.portal_url:
+        return settings.webhooks.portal_url
+    return f"http://{settings.api.host}:{settings.api.port}"
+
+
+def cmd_portal_link(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        del conn  # the link is written on a connection of its own
+        link = await app.webhooks.portal.mint(args.tenant_id, ttl_s=args.ttl_s,
+                                              read_only=args.read_only,
+                                              base_url=_portal_base(args, app.settings))
+        _say(f"portal link for tenant {link.tenant_id!r}"
+             f"{' (read-only)' if link.read_only else ''}: opens once, until "
+             f"{link.expires_at.isoformat(timespec='seconds')}")
+        _emit(args, link.to_json(), link.url)
         return 0
     return _run(args, go)
 

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -43,6 +43,7 @@ from notifyq._webhooks.endpoints import (
     MAX_SECRET_LEN,
     MAX_URL_LENGTH,
 )
+from notifyq._webhooks.portal import MAX_LINK_TTL_S, MIN_LINK_TTL_S
 from notifyq._webhooks.rows import Message
 from notifyq._webhooks.service import (
     MAX_PAYLOAD_RETENTION_S,
@@ -187,7 +188,8 @@ class GiveUpOut(BaseModel):
 def _endpoint_field(message: str) -> str:
     head = message.split(":", 1)[0]
     return head if head in ("url", "headers", "event_types", "secret", "grace_s", "schema",
-                            "description", "endpoint", "limit", "reason") else "body"
+                            "description", "endpoint", "limit", "reason", "ttl_s",
+                            "tenant_id") else "body"
 
 
 async def _answer(call: Callable[[], Awaitable[Any]]) -> Any:
@@ -230,7 +232,46 @@ def add_webhook_routes(router: APIRouter, app: App, read: list[Any], admin: list
     _add_endpoint_routes(router, app, read, admin)
     _add_message_routes(router, app, read, admin)
     _add_event_type_routes(router, app, read, admin_all)
+    _add_portal_routes(router, app, admin)
     _add_operator_event_routes(router, app, read)
+
+
+class PortalLinkIn(_In):
+    tenant_id: TenantId | None = Field(None, description=(
+        "the tenant whose endpoints the link opens; a token limited to one tenant may leave "
+        "it out"))
+    ttl_s: Annotated[float, Field(ge=MIN_LINK_TTL_S, le=MAX_LINK_TTL_S)] | None = Field(
+        None, description="seconds the link stays valid (default webhooks.portal_link_ttl_s)")
+    read_only: bool = Field(False, description="the customer sees, but changes nothing")
+
+
+class PortalLinkOut(BaseModel):
+    url: str = Field(description="opens the customer portal once; the code is in the fragment "
+                                 "(never sent to a server, so in no log)")
+    tenant_id: str
+    read_only: bool
+    expires_at: datetime
+
+
+def _add_portal_routes(router: APIRouter, app: App, admin: list[Any]) -> None:
+    @router.post("/portal/links", dependencies=admin, status_code=201,
+                 response_model=PortalLinkOut, responses=responses_for(409, 422, 401, 403),
+                 tags=["webhooks"],
+                 summary="Mint a one-time, short-lived sign-in link to the customer portal "
+                         "for one tenant")
+    async def mint_portal_link(body: PortalLinkIn, tenants: Tenants, request: Request) -> Any:
+        tenant_id = tenant_for(body.tenant_id, tenants)
+        if tenant_id is None:
+            return problem(422, "tenant_id: required (the portal shows one tenant's "
+                           "endpoints)", field="tenant_id")
+
+        async def go() -> Any:
+            link = await app.webhooks.portal.mint(
+                tenant_id, ttl_s=body.ttl_s, read_only=body.read_only,
+                base_url=app.settings.webhooks.portal_url or str(request.base_url))
+            return JSONResponse(link.to_json(), status_code=201)
+        return await _answer(go)
+
 
 
 OperatorEventKind = Literal["endpoint.disabled", "endpoint.circuit_opened",

@@ -44,6 +44,7 @@ from notifyq._webhooks import endpoints as checks
 from notifyq._webhooks import headers as sealed
 from notifyq._webhooks.catalog import MAX_SCHEMA_BYTES, Catalog, EventType, check_schema
 from notifyq._webhooks.endpoints import Endpoint
+from notifyq._webhooks.portal import Portal
 from notifyq._webhooks.rows import (
     Attempt,
     Message,
@@ -137,6 +138,8 @@ class Webhooks:
             f"{runtime.settings.schema_name}.{ENDPOINT_TABLE}", pk="id", column=sealed.COLUMN,
             builtin=True)
         self._catalog = Catalog(self.event_types)
+        self.portal = Portal(runtime)
+        """The customer portal's one-time sign-in links and sessions (``portal.mint``)."""
 
     @property
     def settings(self) -> WebhookSettings:
