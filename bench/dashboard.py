@@ -1,6 +1,6 @@
 """Server time of every dashboard page on a table of 10 million runs (docs/dashboard.md).
 
-    PYTHONPATH=. python bench/dashboard.py [--keep] [--runs 20000]
+    PYTHONPATH=. python bench/dashboard.py [--keep] [--reuse] [--runs 20000]
 
 Creates the scratch database ``notifyq_bench_dashboard`` (dropped at the end unless --keep),
 migrates it, loads bench/dashboard_10m.sql (one set-based INSERT of 10,000,000 runs over 7 days;
@@ -37,9 +37,13 @@ def _admin(sql: str) -> None:
         conn.execute(sql)  # type: ignore[arg-type]
 
 
-def _load(dsn: str, runs: int) -> None:
+def _migrate(dsn: str) -> None:
     subprocess.run([sys.executable, "-m", "notifyq", "migrate"], check=True,
                    env={**os.environ, "NOTIFYQ_DATABASE_URL": dsn}, stdout=subprocess.DEVNULL)
+
+
+def _load(dsn: str, runs: int) -> None:
+    _migrate(dsn)
     script = (HERE / "dashboard_10m.sql").read_text().replace("10000000", str(runs))
     subprocess.run(["psql", dsn, "-q", "-v", "ON_ERROR_STOP=1"], input=script.encode(),
                    check=True)
@@ -57,7 +61,7 @@ def _pages(dsn: str, runs: int) -> dict[str, str]:
                    f"OFFSET {min(3_000_000, runs * 3 // 10)}")
         since = one("SELECT to_char(now() - interval '3 days', 'YYYY-MM-DD\"T\"HH24:MI')")
         until = one("SELECT to_char(now() - interval '71 hours', 'YYYY-MM-DD\"T\"HH24:MI')")
-    return {
+    pages = {
         "overview": "/ui/", "overview panels": "/ui/overview/panels",
         "charts, 1 h": "/ui/overview/series.json",
         "charts, 2 h": "/ui/overview/series.json?minutes=120",
@@ -72,6 +76,14 @@ def _pages(dsn: str, runs: int) -> dict[str, str]:
         "runs status=retrying": "/ui/runs?status=retrying", "job types": "/ui/types",
         "runs, 3M rows deep": f"/ui/runs?cursor={deep}", "run": f"/ui/runs/{done}",
         "webhooks": "/ui/webhooks", "keys": "/ui/keys", "schedules": "/ui/schedules"}
+    # What the Runs page asks for once its list is shown: the tabs' counts.
+    return pages | {f"{name}: counts": path.replace("/ui/runs", "/ui/runs/counts", 1)
+                    for name, path in _counted(pages).items()}
+
+
+def _counted(pages: dict[str, str]) -> dict[str, str]:
+    return {name: path for name, path in pages.items()
+            if (path == "/ui/runs" or path.startswith("/ui/runs?")) and "cursor=" not in path}
 
 
 def _time(call: Callable[[], Any]) -> tuple[float, float]:
@@ -90,12 +102,19 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
     parser.add_argument("--runs", type=int, default=10_000_000,
                         help="runs loaded (a smoke run: 20000)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="measure the database a --keep run left (migrated again), "
+                             "without loading it again")
     args = parser.parse_args()
-    _admin(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-    _admin(f'CREATE DATABASE "{DATABASE}"')
     dsn = dsn_for(DATABASE)
+    if not args.reuse:
+        _admin(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+        _admin(f'CREATE DATABASE "{DATABASE}"')
     try:
-        _load(dsn, args.runs)
+        if args.reuse:
+            _migrate(dsn)
+        else:
+            _load(dsn, args.runs)
         log = Path(tempfile.mkdtemp(prefix="notifyq-bench-dashboard-")) / "serve.log"
         with Served(dsn, log, args=["--no-worker"], env=keys_env(1, active=1)) as served, \
                 Dashboard(served) as dashboard:

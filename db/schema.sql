@@ -1067,6 +1067,125 @@ END
 $$;
 
 --
+-- Name: _webhook_attempt_partitions(); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._webhook_attempt_partitions() RETURNS TABLE(name text, lower_bound timestamp with time zone, upper_bound timestamp with time zone, estimated_rows bigint)
+    LANGUAGE sql STABLE
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+    SELECT c.relname::text,
+           (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]
+               ::timestamptz,
+           (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]
+               ::timestamptz,
+           greatest(c.reltuples, 0)::bigint
+    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'webhook_attempt'::regclass
+      AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'
+$$;
+
+--
+-- Name: _webhook_attempt_partitions_drop(timestamp with time zone, integer); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._webhook_attempt_partitions_drop(p_before timestamp with time zone, p_limit integer) RETURNS TABLE(name text, upper_bound timestamp with time zone, estimated_rows bigint)
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    SET lock_timeout TO '2s'
+    AS $$
+DECLARE
+    p record;
+BEGIN
+    FOR p IN SELECT * FROM _webhook_attempt_partitions() x
+             WHERE x.upper_bound <= p_before ORDER BY x.upper_bound LIMIT p_limit LOOP
+        BEGIN
+            EXECUTE format('DROP TABLE %I', p.name);
+            name := p.name;
+            upper_bound := p.upper_bound;
+            estimated_rows := p.estimated_rows;
+            RETURN NEXT;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END LOOP;
+END
+$$;
+
+--
+-- Name: _webhook_attempt_partitions_make(timestamp with time zone, integer); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._webhook_attempt_partitions_make(p_now timestamp with time zone, p_days integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    SET lock_timeout TO '2s'
+    AS $$
+DECLARE
+    day_  timestamptz := date_trunc('day', p_now, 'UTC');
+    made  integer := 0;
+    name_ text;
+BEGIN
+    FOR i IN 0 .. p_days LOOP
+        name_ := 'webhook_attempt_' || to_char(day_ AT TIME ZONE 'UTC', 'YYYYMMDD');
+        IF to_regclass(name_) IS NULL AND NOT EXISTS (
+                SELECT 1 FROM _webhook_attempt_partitions() p
+                WHERE coalesce(p.lower_bound, '-infinity') < day_ + interval '1 day'
+                  AND p.upper_bound > day_) THEN
+            BEGIN
+                EXECUTE format('CREATE TABLE %I PARTITION OF webhook_attempt '
+                               'FOR VALUES FROM (%L) TO (%L)', name_, day_,
+                               day_ + interval '1 day');
+                made := made + 1;
+            EXCEPTION WHEN check_violation OR lock_not_available THEN
+                NULL;  -- rows of that day in the default partition, or busy: see above
+            END;
+        END IF;
+        day_ := day_ + interval '1 day';
+    END LOOP;
+    RETURN made;
+END
+$$;
+
+--
+-- Name: _webhook_endpoint_operator_event(); Type: FUNCTION; Schema: notifyq; Owner: -
+--
+
+CREATE FUNCTION notifyq._webhook_endpoint_operator_event() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'notifyq', 'public'
+    AS $$
+BEGIN
+    IF OLD.disabled_at IS NULL AND NEW.disabled_at IS NOT NULL THEN
+        INSERT INTO operator_event (kind, endpoint_id, tenant_id, detail, created_at)
+        VALUES ('endpoint.disabled', NEW.id, NEW.tenant_id, jsonb_build_object(
+                    'reason', NEW.disabled_reason,
+                    'cause', CASE WHEN NEW.disabled_reason = 'the endpoint answered 410 Gone'
+                                  THEN 'gone'
+                                  WHEN NEW.disabled_reason LIKE 'failing continuously since %'
+                                  THEN 'failing' ELSE 'operator' END,
+                    'failing_since', OLD.failing_since),
+                NEW.disabled_at);
+    END IF;
+    IF OLD.circuit_open_until IS NULL AND NEW.circuit_open_until IS NOT NULL THEN
+        INSERT INTO operator_event (kind, endpoint_id, tenant_id, detail)
+        VALUES ('endpoint.circuit_opened', NEW.id, NEW.tenant_id, jsonb_build_object(
+                    'open_until', NEW.circuit_open_until,
+                    'consecutive_failures', NEW.consecutive_failures,
+                    'failing_since', NEW.failing_since));
+    ELSIF OLD.circuit_open_until IS NOT NULL AND NEW.circuit_open_until IS NULL THEN
+        INSERT INTO operator_event (kind, endpoint_id, tenant_id, detail)
+        VALUES ('endpoint.circuit_closed', NEW.id, NEW.tenant_id, jsonb_build_object(
+                    'failing_since', OLD.failing_since,
+                    'consecutive_failures', OLD.consecutive_failures,
+                    'cause', CASE WHEN NEW.disabled_at IS NULL AND OLD.disabled_at IS NOT NULL
+                                  THEN 'enabled' ELSE 'success' END));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+--
 -- Name: _webhook_endpoint_rate_sync(); Type: FUNCTION; Schema: notifyq; Owner: -
 --
 
@@ -1283,6 +1402,7 @@ CREATE TABLE notifyq.key_concurrency (
     key text NOT NULL,
     concurrency_limit integer NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    pinned boolean DEFAULT false NOT NULL,
     CONSTRAINT key_concurrency_concurrency_limit_check CHECK ((concurrency_limit >= 1))
 );
 
@@ -1391,6 +1511,37 @@ CREATE TABLE notifyq.leader (
 );
 
 --
+-- Name: operator_event; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.operator_event (
+    id bigint NOT NULL,
+    kind text NOT NULL,
+    endpoint_id uuid,
+    tenant_id text,
+    detail jsonb DEFAULT '{}'::jsonb NOT NULL,
+    dedupe_key text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    emitted_at timestamp with time zone,
+    message_id text,
+    CONSTRAINT operator_event_detail_check CHECK ((jsonb_typeof(detail) = 'object'::text)),
+    CONSTRAINT operator_event_kind_check CHECK ((kind = ANY (ARRAY['endpoint.disabled'::text, 'endpoint.circuit_opened'::text, 'endpoint.circuit_closed'::text, 'endpoint.failing'::text, 'retention.purged'::text])))
+);
+
+--
+-- Name: operator_event_id_seq; Type: SEQUENCE; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE notifyq.operator_event ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME notifyq.operator_event_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
 -- Name: pause; Type: TABLE; Schema: notifyq; Owner: -
 --
 
@@ -1439,6 +1590,36 @@ CREATE TABLE notifyq.periodic_tick (
 );
 
 --
+-- Name: portal_link; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.portal_link (
+    code_hash bytea NOT NULL,
+    tenant_id text NOT NULL,
+    read_only boolean DEFAULT false NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    used_at timestamp with time zone,
+    CONSTRAINT portal_link_code_hash_check CHECK ((octet_length(code_hash) = 32)),
+    CONSTRAINT portal_link_tenant_id_check CHECK (((length(tenant_id) >= 1) AND (length(tenant_id) <= 512)))
+);
+
+--
+-- Name: portal_session; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.portal_session (
+    cookie_hash bytea NOT NULL,
+    tenant_id text NOT NULL,
+    read_only boolean DEFAULT false NOT NULL,
+    token_name text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT portal_session_cookie_hash_check CHECK ((octet_length(cookie_hash) = 32)),
+    CONSTRAINT portal_session_tenant_id_check CHECK (((length(tenant_id) >= 1) AND (length(tenant_id) <= 512)))
+);
+
+--
 -- Name: rate_window; Type: TABLE; Schema: notifyq; Owner: -
 --
 
@@ -1484,6 +1665,33 @@ CREATE TABLE notifyq.webhook_attempt (
     response_truncated boolean DEFAULT false NOT NULL,
     next_attempt_at timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT webhook_attempt_error_kind_check CHECK ((error_kind = ANY (ARRAY['timeout'::text, 'connect'::text, 'dns'::text, 'tls'::text, 'blocked'::text, 'invalid'::text]))),
+    CONSTRAINT webhook_attempt_trigger_check CHECK ((trigger = ANY (ARRAY['scheduled'::text, 'manual'::text])))
+)
+PARTITION BY RANGE (created_at);
+
+--
+-- Name: webhook_attempt_default; Type: TABLE; Schema: notifyq; Owner: -
+--
+
+CREATE TABLE notifyq.webhook_attempt_default (
+    id bigint NOT NULL,
+    message_id text NOT NULL,
+    endpoint_id uuid NOT NULL,
+    run_id uuid,
+    trigger text NOT NULL,
+    attempt integer NOT NULL,
+    webhook_timestamp bigint NOT NULL,
+    url text NOT NULL,
+    status_code integer,
+    error_kind text,
+    error text,
+    duration_ms double precision NOT NULL,
+    response_body text,
+    response_truncated boolean DEFAULT false NOT NULL,
+    next_attempt_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT webhook_attempt_error_kind_check CHECK ((error_kind = ANY (ARRAY['timeout'::text, 'connect'::text, 'dns'::text, 'tls'::text, 'blocked'::text, 'invalid'::text]))),
     CONSTRAINT webhook_attempt_trigger_check CHECK ((trigger = ANY (ARRAY['scheduled'::text, 'manual'::text])))
 );
 
@@ -1538,6 +1746,7 @@ CREATE TABLE notifyq.webhook_endpoint (
     consecutive_failures integer DEFAULT 0 NOT NULL,
     circuit_open_until timestamp with time zone,
     rate_limit integer,
+    ordered boolean DEFAULT false NOT NULL,
     CONSTRAINT webhook_endpoint_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
     CONSTRAINT webhook_endpoint_headers_check CHECK ((jsonb_typeof(headers) = 'object'::text)),
     CONSTRAINT webhook_endpoint_rate_limit_check CHECK (((rate_limit >= 1) AND (rate_limit <= 1000000))),
@@ -1567,7 +1776,9 @@ CREATE TABLE notifyq.webhook_message (
     body text NOT NULL,
     endpoint_id uuid,
     idempotency_key text,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    payload_retain_until timestamp with time zone,
+    payload_dropped_at timestamp with time zone
 );
 
 --
@@ -1601,6 +1812,12 @@ CREATE TABLE notifyq.worker (
     CONSTRAINT worker_concurrency_check CHECK ((concurrency > 0)),
     CONSTRAINT worker_id_check CHECK (((length(id) >= 1) AND (length(id) <= 200)))
 );
+
+--
+-- Name: webhook_attempt_default; Type: TABLE ATTACH; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.webhook_attempt ATTACH PARTITION notifyq.webhook_attempt_default DEFAULT;
 
 --
 -- Name: encrypted_column encrypted_column_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
@@ -1701,6 +1918,20 @@ ALTER TABLE ONLY notifyq.leader
     ADD CONSTRAINT leader_pkey PRIMARY KEY (name);
 
 --
+-- Name: operator_event operator_event_dedupe_key_key; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.operator_event
+    ADD CONSTRAINT operator_event_dedupe_key_key UNIQUE (dedupe_key);
+
+--
+-- Name: operator_event operator_event_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.operator_event
+    ADD CONSTRAINT operator_event_pkey PRIMARY KEY (id);
+
+--
 -- Name: pause pause_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
 --
 
@@ -1722,6 +1953,20 @@ ALTER TABLE ONLY notifyq.periodic_tick
     ADD CONSTRAINT periodic_tick_pkey PRIMARY KEY (name, tick_at);
 
 --
+-- Name: portal_link portal_link_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.portal_link
+    ADD CONSTRAINT portal_link_pkey PRIMARY KEY (code_hash);
+
+--
+-- Name: portal_session portal_session_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.portal_session
+    ADD CONSTRAINT portal_session_pkey PRIMARY KEY (cookie_hash);
+
+--
 -- Name: rate_window rate_window_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
 --
 
@@ -1736,18 +1981,18 @@ ALTER TABLE ONLY notifyq.schema_migration
     ADD CONSTRAINT schema_migration_pkey PRIMARY KEY (version);
 
 --
--- Name: webhook_attempt webhook_attempt_error_kind_check; Type: CHECK CONSTRAINT; Schema: notifyq; Owner: -
---
-
-ALTER TABLE notifyq.webhook_attempt
-    ADD CONSTRAINT webhook_attempt_error_kind_check CHECK ((error_kind = ANY (ARRAY['timeout'::text, 'connect'::text, 'dns'::text, 'tls'::text, 'blocked'::text, 'invalid'::text]))) NOT VALID;
-
---
 -- Name: webhook_attempt webhook_attempt_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
 --
 
 ALTER TABLE ONLY notifyq.webhook_attempt
-    ADD CONSTRAINT webhook_attempt_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT webhook_attempt_pkey PRIMARY KEY (id, created_at);
+
+--
+-- Name: webhook_attempt_default webhook_attempt_default_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
+--
+
+ALTER TABLE ONLY notifyq.webhook_attempt_default
+    ADD CONSTRAINT webhook_attempt_default_pkey PRIMARY KEY (id, created_at);
 
 --
 -- Name: webhook_delivery webhook_delivery_pkey; Type: CONSTRAINT; Schema: notifyq; Owner: -
@@ -1913,16 +2158,52 @@ CREATE INDEX job_signal_token_idx ON notifyq.job_signal USING btree (token, id);
 CREATE INDEX key_rotation_created_idx ON notifyq.key_rotation USING btree (created_at);
 
 --
+-- Name: operator_event_created_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX operator_event_created_idx ON notifyq.operator_event USING btree (created_at);
+
+--
+-- Name: operator_event_unemitted_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX operator_event_unemitted_idx ON notifyq.operator_event USING btree (id) WHERE (emitted_at IS NULL);
+
+--
+-- Name: portal_link_expires_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX portal_link_expires_idx ON notifyq.portal_link USING btree (expires_at);
+
+--
+-- Name: portal_session_expires_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX portal_session_expires_idx ON notifyq.portal_session USING btree (expires_at);
+
+--
 -- Name: webhook_attempt_endpoint_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
-CREATE INDEX webhook_attempt_endpoint_idx ON notifyq.webhook_attempt USING btree (endpoint_id, created_at);
+CREATE INDEX webhook_attempt_endpoint_idx ON ONLY notifyq.webhook_attempt USING btree (endpoint_id, created_at);
+
+--
+-- Name: webhook_attempt_default_endpoint_id_created_at_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX webhook_attempt_default_endpoint_id_created_at_idx ON notifyq.webhook_attempt_default USING btree (endpoint_id, created_at);
 
 --
 -- Name: webhook_attempt_message_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
-CREATE INDEX webhook_attempt_message_idx ON notifyq.webhook_attempt USING btree (message_id, id);
+CREATE INDEX webhook_attempt_message_idx ON ONLY notifyq.webhook_attempt USING btree (message_id, id);
+
+--
+-- Name: webhook_attempt_default_message_id_id_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX webhook_attempt_default_message_id_id_idx ON notifyq.webhook_attempt_default USING btree (message_id, id);
 
 --
 -- Name: webhook_delivery_endpoint_idx; Type: INDEX; Schema: notifyq; Owner: -
@@ -1937,10 +2218,28 @@ CREATE INDEX webhook_delivery_endpoint_idx ON notifyq.webhook_delivery USING btr
 CREATE INDEX webhook_delivery_endpoint_message_idx ON notifyq.webhook_delivery USING btree (endpoint_id, message_id);
 
 --
+-- Name: webhook_endpoint_failing_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX webhook_endpoint_failing_idx ON notifyq.webhook_endpoint USING btree (failing_since) WHERE ((failing_since IS NOT NULL) AND (disabled_at IS NULL));
+
+--
 -- Name: webhook_endpoint_tenant_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
 CREATE INDEX webhook_endpoint_tenant_idx ON notifyq.webhook_endpoint USING btree (tenant_id, id) WHERE (tenant_id IS NOT NULL);
+
+--
+-- Name: webhook_message_retain_until_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX webhook_message_retain_until_idx ON notifyq.webhook_message USING btree (payload_retain_until) WHERE ((payload_dropped_at IS NULL) AND (payload_retain_until IS NOT NULL));
+
+--
+-- Name: webhook_message_retention_idx; Type: INDEX; Schema: notifyq; Owner: -
+--
+
+CREATE INDEX webhook_message_retention_idx ON notifyq.webhook_message USING btree (created_at) WHERE ((payload_dropped_at IS NULL) AND (payload_retain_until IS NULL));
 
 --
 -- Name: webhook_secret_endpoint_idx; Type: INDEX; Schema: notifyq; Owner: -
@@ -1949,10 +2248,34 @@ CREATE INDEX webhook_endpoint_tenant_idx ON notifyq.webhook_endpoint USING btree
 CREATE INDEX webhook_secret_endpoint_idx ON notifyq.webhook_secret USING btree (endpoint_id, created_at);
 
 --
+-- Name: webhook_attempt_default_endpoint_id_created_at_idx; Type: INDEX ATTACH; Schema: notifyq; Owner: -
+--
+
+ALTER INDEX notifyq.webhook_attempt_endpoint_idx ATTACH PARTITION notifyq.webhook_attempt_default_endpoint_id_created_at_idx;
+
+--
+-- Name: webhook_attempt_default_message_id_id_idx; Type: INDEX ATTACH; Schema: notifyq; Owner: -
+--
+
+ALTER INDEX notifyq.webhook_attempt_message_idx ATTACH PARTITION notifyq.webhook_attempt_default_message_id_id_idx;
+
+--
+-- Name: webhook_attempt_default_pkey; Type: INDEX ATTACH; Schema: notifyq; Owner: -
+--
+
+ALTER INDEX notifyq.webhook_attempt_pkey ATTACH PARTITION notifyq.webhook_attempt_default_pkey;
+
+--
 -- Name: job_run job_run_finished; Type: TRIGGER; Schema: notifyq; Owner: -
 --
 
 CREATE TRIGGER job_run_finished AFTER UPDATE OF finished_at ON notifyq.job_run FOR EACH ROW WHEN (((new.awaited OR (new.parent_run_id IS NOT NULL) OR new.has_children) AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])))) EXECUTE FUNCTION notifyq._after_run_finished();
+
+--
+-- Name: webhook_endpoint webhook_endpoint_operator_event; Type: TRIGGER; Schema: notifyq; Owner: -
+--
+
+CREATE TRIGGER webhook_endpoint_operator_event AFTER UPDATE OF disabled_at, circuit_open_until ON notifyq.webhook_endpoint FOR EACH ROW WHEN ((((old.disabled_at IS NULL) AND (new.disabled_at IS NOT NULL)) OR ((old.circuit_open_until IS NULL) <> (new.circuit_open_until IS NULL)))) EXECUTE FUNCTION notifyq._webhook_endpoint_operator_event();
 
 --
 -- Name: webhook_endpoint webhook_endpoint_rate_sync; Type: TRIGGER; Schema: notifyq; Owner: -
@@ -2006,7 +2329,7 @@ ALTER TABLE ONLY notifyq.key_rotation
 -- Name: webhook_attempt webhook_attempt_message_id_endpoint_id_fkey; Type: FK CONSTRAINT; Schema: notifyq; Owner: -
 --
 
-ALTER TABLE ONLY notifyq.webhook_attempt
+ALTER TABLE notifyq.webhook_attempt
     ADD CONSTRAINT webhook_attempt_message_id_endpoint_id_fkey FOREIGN KEY (message_id, endpoint_id) REFERENCES notifyq.webhook_delivery(message_id, endpoint_id) ON DELETE CASCADE;
 
 --

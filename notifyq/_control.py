@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
-from typing import Any, Literal, LiteralString, NoReturn, TypedDict
+from typing import Any, Literal, LiteralString, NoReturn, TypedDict, overload
 from uuid import UUID
 
+from psycopg.errors import QueryCanceled
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
@@ -161,6 +163,8 @@ split into runnable now (``pending``), due later (``scheduled``) and due later a
 attempt (``retrying``: its backoff). Each run is in exactly one."""
 _HEX = re.compile(r"^[0-9a-f]{1,32}$")
 _SUFFIX = re.compile(r"^[0-9a-f]{1,12}$")
+_SHORTEST_COUNT_MS = 20
+"""A count with less time left than this is not started (None)."""
 _NO_WAIT_DEADLINE = 2900  # durable waits without a deadline run_at 2999-12-31
 
 
@@ -343,21 +347,59 @@ class RunControl:
         """Runs matching ``where`` that ``action`` applies to, counted up to ``COUNT_CAP``."""
         return await self._count(conn, where, BULK_STATUSES[action])
 
-    async def count_states(self, conn: AsyncConn, where: RunFilter) -> dict[str, int]:
+    @overload
+    async def count_states(self, conn: AsyncConn, where: RunFilter) -> dict[str, int]: ...
+
+    @overload
+    async def count_states(self, conn: AsyncConn, where: RunFilter, *,
+                           budget_s: float) -> dict[str, int | None]: ...
+
+    async def count_states(self, conn: AsyncConn, where: RunFilter, *,
+                           budget_s: float | None = None) -> Mapping[str, int | None]:
         """Per state of ``RUN_STATES``, the runs matching ``where`` but for its status, each
-        counted up to ``COUNT_CAP`` (the live states read their partial indexes; a finished
-        state stops at the cap)."""
+        counted up to ``COUNT_CAP`` (the live states, first, read their partial indexes; a
+        finished state stops at the cap or reads every run of the filter's id range). With
+        ``budget_s`` the counts share that much time: a count still reading when it is spent
+        is stopped by the server and is None (not known)."""
+        deadline = None if budget_s is None else time.monotonic() + budget_s
         counts = {}
         async with conn.transaction():
             await conn.execute(self._q.job_run_read_no_jit)
             for state, fields in RUN_STATES.items():
-                counts[state] = await self._count(conn, replace(where, **fields),
-                                                  (fields["status"],))
+                counts[state] = await self._count_before(
+                    conn, replace(where, **fields), (fields["status"],), deadline)
         return counts
 
-    async def count_matching(self, conn: AsyncConn, where: RunFilter) -> int:
-        """Runs matching ``where``, counted up to ``COUNT_CAP``."""
-        return await self._count(conn, where, RUN_STATUSES)
+    @overload
+    async def count_matching(self, conn: AsyncConn, where: RunFilter) -> int: ...
+
+    @overload
+    async def count_matching(self, conn: AsyncConn, where: RunFilter, *,
+                             budget_s: float) -> int | None: ...
+
+    async def count_matching(self, conn: AsyncConn, where: RunFilter, *,
+                             budget_s: float | None = None) -> int | None:
+        """Runs matching ``where``, counted up to ``COUNT_CAP`` (None: not within
+        ``budget_s``)."""
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        async with conn.transaction():
+            return await self._count_before(conn, where, RUN_STATUSES, deadline)
+
+    async def _count_before(self, conn: AsyncConn, where: RunFilter, statuses: tuple[str, ...],
+                            deadline: float | None) -> int | None:
+        """:meth:`_count`, stopped at ``deadline`` (monotonic; None: never) by the server's
+        ``statement_timeout``, in a savepoint so that the counts after it still run."""
+        if deadline is None:
+            return await self._count(conn, where, statuses)
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms < _SHORTEST_COUNT_MS:
+            return None
+        try:
+            async with conn.transaction():
+                await conn.execute(self._q.job_run_count_timeout, {"ms": f"{left_ms}ms"})
+                return await self._count(conn, where, statuses)
+        except QueryCanceled:
+            return None
 
     async def _count(self, conn: AsyncConn, where: RunFilter, statuses: tuple[str, ...]) -> int:
         cur = await conn.execute(self._q.job_run_count, {

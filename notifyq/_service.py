@@ -104,6 +104,7 @@ async def serve(app: App, options: ServeOptions) -> int:
                 worker.executor.observer = lambda e, outcome, s: state.metrics.observe(
                     e, outcome, s, now=app.clock.now())
                 state.worker = worker
+                worker.announcer.observer = state.metrics.operator_event
                 if app._deliverer is not None:
                     app._deliverer.observer = state.metrics.webhook_attempt
             if options.api:

@@ -13,6 +13,7 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from uuid import UUID
 
 from pydantic import (
     BaseModel,
@@ -415,6 +416,45 @@ class WebhookSettings(_Section):
     before) may hold at once, at least one slot; the rest is kept for first attempts, which are
     also claimed before retries. 1 lets retries take every slot (first attempts still go
     first in each claim). Defaults to 0.5."""
+    portal_url: Annotated[str, Field(pattern=r"^https?://[^/?#]+(/[^?#]*)?$")] | None = None
+    """Where customers reach this server's customer portal (e.g.
+    ``https://hooks.example.com``; ``/portal/link#...`` is appended): the address of the sign-in
+    links ``POST /v1/portal/links`` mints. Defaults to none: the address the minting request
+    was sent to."""
+    portal_link_ttl_s: Annotated[float, Field(ge=10, le=86_400)] = 900.0
+    """How long a minted portal sign-in link stays valid when the call gives no ``ttl_s``
+    (a link is spent by its first use in any case). Defaults to 900 (15 min)."""
+    portal_session_s: Annotated[float, Field(ge=60, le=7 * 86_400)] = 7200.0
+    """How long a customer portal session lasts after signing in. Defaults to 7200 (2 h)."""
+    failing_alert_after_s: Annotated[float, Field(ge=0)] = 3600.0
+    """An endpoint failing continuously this long (no success) raises one
+    ``endpoint.failing`` operator event per failure streak, well before ``disable_after_s``
+    disables it. 0 turns the event off. Defaults to 1 hour."""
+    operator_endpoint_id: UUID | None = None
+    """The webhook endpoint operator events are sent to, as ordinary signed and retried
+    messages of types ``notifyq.endpoint.disabled`` etc. (create an endpoint for your own
+    receiver, subscribed to ``notifyq.*`` types only, and put its id here; the leader's
+    setting is the one used). Defaults to none: operator events are logged, counted and
+    listed only."""
+    operator_events_interval_s: Seconds = 5.0
+    """How often the leader looks for endpoints failing for long and emits the operator
+    events recorded since (log line, metric, webhook). Defaults to 5.0."""
+    operator_events_retention_s: Seconds = 30 * 86_400.0
+    """Emitted operator events are kept this long (listed by ``app.webhooks.operator_events``,
+    ``GET /v1/webhooks/operator-events``). Defaults to 30 days."""
+    payload_retention_s: Seconds = 30 * 86_400.0
+    """A message's payload is dropped this long after it was sent (``send(...,
+    payload_retention_s=)`` sets one message's own): its body becomes empty and
+    ``payload_dropped_at`` says when, while the message, its deliveries and attempts stay, and
+    it can no longer be resent, recovered or replayed. Run by the leader every
+    ``purger.interval_s``. Defaults to 30 days."""
+    attempt_retention_s: Seconds = 30 * 86_400.0
+    """Attempts are kept at least this long, then go a day at a time: ``webhook_attempt`` is
+    partitioned by day (UTC) and a day's partition is dropped once all of it is older than
+    this (no DELETE, no bloat). Defaults to 30 days."""
+    partitions_ahead_days: Annotated[int, Field(ge=1, le=366)] = 7
+    """How many days of ``webhook_attempt`` partitions the leader keeps made ahead (attempts
+    with no partition for their day go to a default one). Defaults to 7."""
 
     @field_validator("allowed_networks", "allowed_ports", mode="before")
     @classmethod

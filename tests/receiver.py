@@ -52,6 +52,10 @@ class Receiver:
         self.requests: list[Received] = []
         self.scripts: dict[str, list[Reply]] = {}
         self.connections = 0
+        self.busy = 0
+        """Requests being answered now (read, the answer not yet started)."""
+        self.most_busy = 0
+        """The most requests that were being answered at once."""
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
@@ -133,10 +137,16 @@ class Receiver:
                 reply = self._next(request.path)
                 with self._lock:
                     self.requests.append(request)
-                if reply.on_request is not None:
-                    reply.on_request()
-                if reply.delay_s:
-                    await asyncio.sleep(reply.delay_s)
+                    self.busy += 1
+                    self.most_busy = max(self.most_busy, self.busy)
+                try:
+                    if reply.on_request is not None:
+                        reply.on_request()
+                    if reply.delay_s:
+                        await asyncio.sleep(reply.delay_s)
+                finally:
+                    with self._lock:  # before the answer goes: its client may then send more
+                        self.busy -= 1
                 if reply.reset:
                     _reset(writer)
                     return

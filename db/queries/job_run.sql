@@ -889,6 +889,11 @@ ORDER BY job_type
 -- 123,000) and compiled for 165 ms to run for 10 ms (measured on 10 million runs).
 SELECT set_config('jit', 'off', true)
 
+-- name: job_run_count_timeout
+-- For the rest of this transaction (or savepoint), a statement stops after `ms` (57014): the
+-- dashboard's counts share a time budget, and one that would read millions of runs is given up.
+SELECT set_config('statement_timeout', %(ms)s, true)
+
 -- name: job_run_await
 -- Marks a run awaited (its final status change then NOTIFYs 'd:<id>', migration 0011) and
 -- returns it as it is after any write in flight: the row lock orders this against a worker's

@@ -158,3 +158,28 @@ SET failing_since = NULL, consecutive_failures = 0, circuit_open_until = NULL
 WHERE e.id = ANY (%(endpoint_ids)s::uuid[])
   AND (e.failing_since IS NOT NULL OR e.consecutive_failures > 0
        OR e.circuit_open_until IS NOT NULL)
+
+-- name: webhook_attempt_partitions_make
+-- Daily partitions of webhook_attempt (0031) from now's day (UTC) to `days` days after it:
+-- the leader's retention pass keeps them made ahead. Returns how many were made.
+SELECT {schema}._webhook_attempt_partitions_make(coalesce(%(now)s::timestamptz, now()),
+                                                 %(days)s::integer) AS made
+
+-- name: webhook_attempt_partitions_drop
+-- Attempt retention without DELETE: drops (at most `limit`) the partitions whose every attempt
+-- is older than `retention_s`, oldest first; one row per partition dropped, its rows estimated.
+SELECT name, upper_bound, estimated_rows
+FROM {schema}._webhook_attempt_partitions_drop(
+    coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8),
+    %(limit)s::integer)
+
+-- name: webhook_attempt_purge_default
+-- The attempts that landed in the default partition (no daily partition was made for their
+-- day: the maintenance stopped, or a clock far ahead), past retention, deleted in a batch. It is
+-- empty while the leader makes partitions ahead.
+DELETE FROM {schema}.webhook_attempt_default
+WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM {schema}.webhook_attempt_default
+    WHERE created_at < coalesce(%(now)s::timestamptz, now())
+                       - make_interval(secs => %(retention_s)s::float8)
+    LIMIT %(limit)s))

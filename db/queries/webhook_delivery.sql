@@ -25,10 +25,11 @@ ORDER BY d.endpoint_id
 -- its position `ord` in the arrays: message, endpoint, delivery and the ciphertexts of the
 -- secrets valid now (newest first). A pair with no delivery has no row. `run_id` is the
 -- delivery's scheduled run: a scheduled attempt by any other run is refused (issue 31).
-SELECT k.ord, m.id AS message_id, m.event_type, m.body, e.id AS endpoint_id, e.url, e.headers,
+SELECT k.ord, m.id AS message_id, m.event_type, m.body, m.payload_dropped_at,
+       e.id AS endpoint_id, e.url, e.headers,
        e.header_values,
        e.disabled_at, e.disabled_reason, e.consecutive_failures, e.circuit_open_until,
-       d.status, d.attempts, d.run_id,
+       e.ordered, d.status, d.attempts, d.run_id,
        coalesce(s.ids, '{{}}') AS secret_ids, coalesce(s.ciphertexts, '{{}}') AS ciphertexts
 FROM unnest(%(message_ids)s::text[], %(endpoint_ids)s::uuid[])
      WITH ORDINALITY AS k(message_id, endpoint_id, ord)
@@ -97,11 +98,14 @@ ORDER BY d.endpoint_id
 
 -- name: webhook_delivery_recover
 -- "Recover since T": the endpoint's failed deliveries whose last attempt is at or after T start a
--- new scheduled series (attempts from 0) with a new run each.
+-- new scheduled series (attempts from 0) with a new run each. A message whose payload was
+-- dropped by retention (0031) has nothing left to send: its delivery stays failed.
 WITH picked AS (
-    SELECT message_id, endpoint_id FROM {schema}.webhook_delivery
+    SELECT message_id, endpoint_id FROM {schema}.webhook_delivery d
     WHERE endpoint_id = %(endpoint_id)s AND status = 'failed'
       AND coalesce(last_attempt_at, created_at) >= %(since)s::timestamptz
+      AND NOT EXISTS (SELECT 1 FROM {schema}.webhook_message m
+                      WHERE m.id = d.message_id AND m.payload_dropped_at IS NOT NULL)
     ORDER BY message_id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -139,13 +143,15 @@ LIMIT %(limit)s
 -- should have received (sent to it, or by event type with the endpoint subscribed to the type
 -- now) and never got: no delivery (it was disabled when they were sent, or subscribed later) or
 -- a canceled one (disabled while they waited). Message ids grow with time (msg_ + a UUIDv7), so
--- `from_id`, the id prefix of T, bounds the walk of webhook_message's primary key.
+-- `from_id`, the id prefix of T, bounds the walk of webhook_message's primary key. A message
+-- whose payload was dropped by retention (0031) cannot be replayed.
 missing AS (
     SELECT m.id AS message_id
     FROM {schema}.webhook_message m
     JOIN {schema}.webhook_endpoint e ON e.id = %(endpoint_id)s
     LEFT JOIN {schema}.webhook_delivery d ON d.message_id = m.id AND d.endpoint_id = e.id
     WHERE m.id >= %(from_id)s AND m.created_at >= %(since)s::timestamptz
+      AND m.payload_dropped_at IS NULL
       AND (m.endpoint_id = e.id
            OR (m.endpoint_id IS NULL
                AND (e.event_types IS NULL OR m.event_type = ANY (e.event_types))))
@@ -186,3 +192,57 @@ RETURNING d.message_id, d.run_id
 
 -- name: webhook_delivery_replay_lock
 SELECT pg_advisory_xact_lock(hashtext('notifyq.replay'), hashtext(%(endpoint_id)s::text))
+
+-- name: webhook_delivery_keep_place
+-- An ordered endpoint's delivery that is to be tried again (a retry, or held by the circuit)
+-- keeps its place at the head of the endpoint's line (0029): before its run snoozes, it gets the
+-- best priority (-1000), so the keyed claim, which takes a key's head run (best priority, then
+-- oldest run_at) and passes over a key whose head is not due, holds the endpoint's later
+-- deliveries back until this one is over. Written while the run is running (its worker's own
+-- run: the snooze that follows is the fenced write-back); an endpoint that is not ordered (any
+-- more) is left alone.
+UPDATE {schema}.job_run r
+SET priority = -1000, updated_at = coalesce(%(now)s::timestamptz, now())
+FROM {schema}.webhook_endpoint e
+WHERE r.id = %(run_id)s AND r.status = 'running' AND e.id = %(endpoint_id)s AND e.ordered
+RETURNING r.id
+
+-- name: webhook_delivery_release_places
+-- An endpoint that is no longer ordered: the waiting runs that kept their place at its head
+-- (webhook_delivery_keep_place) go back to the priority of their type, so they no longer hold
+-- the others back.
+UPDATE {schema}.job_run r
+SET priority = coalesce((SELECT priority_default FROM {schema}.job
+                         WHERE type = 'webhook.deliver'), 0),
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE r.status = 'pending' AND r.pool = 'webhooks' AND r.concurrency_key = %(key)s
+  AND r.priority = -1000
+RETURNING r.id
+
+-- name: webhook_delivery_give_up
+-- An operator gives up a pending delivery that is waiting for its next attempt (not one being
+-- attempted right now): the delivery fails with `reason` (`recover` can start it again), its run
+-- is canceled, and the pool's workers are woken: an ordered endpoint's next message goes at
+-- once. The run is locked first, so a claim taking it meanwhile makes this match nothing.
+WITH target AS (
+    SELECT d.message_id, d.endpoint_id, r.id AS run_id
+    FROM {schema}.webhook_delivery d
+    JOIN {schema}.job_run r ON r.id = d.run_id
+    WHERE d.message_id = %(message_id)s AND d.endpoint_id = %(endpoint_id)s
+      AND d.status = 'pending' AND r.status = 'pending'
+    FOR UPDATE OF d, r
+), delivery AS (
+    UPDATE {schema}.webhook_delivery d
+    SET status = 'failed', last_error = %(reason)s,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM target t
+    WHERE d.message_id = t.message_id AND d.endpoint_id = t.endpoint_id
+), run AS (
+    UPDATE {schema}.job_run r
+    SET status = 'canceled', finished_at = coalesce(%(now)s::timestamptz, now()),
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM target t
+    WHERE r.id = t.run_id
+    RETURNING r.id, r.pool
+)
+SELECT run.id AS run_id, pg_notify(%(channel)s, 'j:' || run.pool) AS woke FROM run

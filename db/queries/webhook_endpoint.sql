@@ -139,6 +139,14 @@ WHERE (%(ids)s::uuid[] IS NULL OR e.id = ANY (%(ids)s::uuid[]))
 ORDER BY e.id
 LIMIT %(limit)s
 
+-- name: webhook_endpoint_set_ordered
+-- Ordered or not (0029): one delivery at a time, in send order. The caller pins or unpins the
+-- endpoint's concurrency key in the same transaction (key_concurrency_pin / _unpin).
+UPDATE {schema}.webhook_endpoint
+SET ordered = %(ordered)s, updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s
+RETURNING *
+
 -- name: webhook_endpoint_hold
 -- The receiver answered 429 with Retry-After: the keyed claim passes the endpoint's key over
 -- until `until` (migration 0028), new deliveries included; a later hold never shortens one.

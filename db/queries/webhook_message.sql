@@ -49,3 +49,74 @@ WHERE (%(before)s::text IS NULL OR m.id < %(before)s::text)
                   WHERE e.id = m.endpoint_id AND e.tenant_id = ANY (%(tenant_ids)s::text[])))
 ORDER BY m.id DESC
 LIMIT %(limit)s
+
+-- name: webhook_message_retain_until
+-- A payload retention of its own for messages just sent (`send(..., payload_retention_s=)`):
+-- their payload is dropped `retention_s` after they were created instead of after
+-- webhooks.payload_retention_s.
+UPDATE {schema}.webhook_message
+SET payload_retain_until = created_at + make_interval(secs => %(retention_s)s::float8)
+WHERE id = ANY (%(ids)s::text[]) AND payload_dropped_at IS NULL
+
+-- name: webhook_message_drop_payloads
+-- Payload retention (0031): up to `limit` messages past their retention (their own
+-- `payload_retain_until`, else `retention_s` after they were created) lose their payload: the
+-- body becomes '' and `payload_dropped_at` says when; the message, its deliveries and attempts
+-- stay. Each rule walks its partial index of the messages still carrying a payload. A message
+-- with a delivery still pending keeps its payload until that delivery ends.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+due AS (
+    (SELECT m.id FROM {schema}.webhook_message m, n
+     WHERE m.payload_dropped_at IS NULL AND m.payload_retain_until IS NULL
+       AND m.created_at <= n.now - make_interval(secs => %(retention_s)s::float8)
+     ORDER BY m.created_at LIMIT %(limit)s)
+    UNION ALL
+    (SELECT m.id FROM {schema}.webhook_message m, n
+     WHERE m.payload_dropped_at IS NULL AND m.payload_retain_until IS NOT NULL
+       AND m.payload_retain_until <= n.now
+     ORDER BY m.payload_retain_until LIMIT %(limit)s)
+)
+UPDATE {schema}.webhook_message m
+SET body = '', payload_dropped_at = n.now
+FROM due, n
+WHERE m.id = due.id
+  AND NOT EXISTS (SELECT 1 FROM {schema}.webhook_delivery d
+                  WHERE d.message_id = m.id AND d.status = 'pending')
+-- name: webhook_message_list_for_tenant
+-- The customer portal's messages: those with a delivery to an endpoint of `tenant_id` (sent to
+-- it, or by event type), newest first, keyset-paged with `before`; counts are of that
+-- tenant's deliveries only. Walks webhook_endpoint_tenant_idx (0016), then
+-- webhook_delivery_endpoint_message_idx (0008) backwards per endpoint, `limit` each at most.
+SELECT m.id, m.event_type, m.created_at, octet_length(m.body) AS size,
+       c.deliveries, c.failed, c.retrying
+FROM (
+    SELECT DISTINCT x.message_id
+    FROM {schema}.webhook_endpoint e
+    CROSS JOIN LATERAL (
+        SELECT d.message_id FROM {schema}.webhook_delivery d
+        WHERE d.endpoint_id = e.id
+          AND (%(before)s::text IS NULL OR d.message_id < %(before)s::text)
+        ORDER BY d.message_id DESC
+        LIMIT %(limit)s
+    ) x
+    WHERE e.tenant_id = %(tenant_id)s
+    ORDER BY x.message_id DESC
+    LIMIT %(limit)s
+) ids
+JOIN {schema}.webhook_message m ON m.id = ids.message_id
+CROSS JOIN LATERAL (
+    SELECT count(*) AS deliveries, count(*) FILTER (WHERE d.status = 'failed') AS failed,
+           count(*) FILTER (WHERE d.status = 'pending' AND d.attempts > 0) AS retrying
+    FROM {schema}.webhook_delivery d
+    JOIN {schema}.webhook_endpoint e ON e.id = d.endpoint_id
+    WHERE d.message_id = m.id AND e.tenant_id = %(tenant_id)s
+) c
+ORDER BY m.id DESC
+
+-- name: webhook_message_delivered_to_tenant
+-- The ids of `tenant_id`'s endpoints the message has a delivery to (none: the portal answers
+-- 404, as for an unknown id).
+SELECT d.endpoint_id
+FROM {schema}.webhook_delivery d
+JOIN {schema}.webhook_endpoint e ON e.id = d.endpoint_id
+WHERE d.message_id = %(id)s AND e.tenant_id = %(tenant_id)s

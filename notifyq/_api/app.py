@@ -31,6 +31,9 @@ from notifyq._http import problems
 from notifyq._http.auth import PUBLIC_PATHS, Authenticator, RequireToken
 from notifyq._http.metrics import CONTENT_TYPE, Metrics
 from notifyq._ui.app import create_ui
+from notifyq._ui.portal import create_portal
+from notifyq._ui.portal_web import COOKIE as PORTAL_COOKIE
+from notifyq._ui.portal_web import portal_form_limit
 from notifyq._ui.session import COOKIE as SESSION_COOKIE
 from notifyq._ui.session import Sessions
 from notifyq._ui.web import form_limit
@@ -55,7 +58,8 @@ class BodyLimit:
     before anything parses it; both answers close the connection.
 
     ``/v1`` (what :class:`RequireToken` let through) takes up to ``max_bytes``, the dashboard
-    what ``ui_limit`` says (the sign-in form from anyone, other forms from a session), anything
+    what ``ui_limit`` says (the sign-in form from anyone, other forms from a session), the
+    customer portal what :func:`~notifyq._ui.portal_web.portal_form_limit` says, anything
     else nothing: the probes, ``/metrics``, the docs and unknown paths. A declared
     Content-Length over the limit is refused at once (413); otherwise the body is read within
     ``body_timeout_s`` (else 408), buffered up to the limit, then handed on. Every path took
@@ -75,6 +79,9 @@ class BodyLimit:
             return self.max_bytes
         if path.startswith("/ui/"):
             return self.ui_limit(scope)
+        if path.startswith("/portal/"):
+            cookie = Request(scope).cookies.get(PORTAL_COOKIE)
+            return portal_form_limit(scope["method"], path.removeprefix("/portal"), cookie)
         return 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -195,7 +202,8 @@ class JsonBodies:
 
 def create_api(app: App, state: ServiceState) -> FastAPI:
     """The admin API for ``app``: ``/v1`` (OpenAPI at ``/v1/openapi.json``), ``/healthz``,
-    ``/readyz``, ``/metrics`` and the dashboard at ``/ui/``."""
+    ``/readyz``, ``/metrics``, the dashboard at ``/ui/`` and the customer portal at
+    ``/portal/``."""
     auth = Authenticator(app.settings.api)
     api = FastAPI(title="notifyq admin API", version="1", openapi_url="/v1/openapi.json",
                   docs_url=None, redoc_url=None)
@@ -205,6 +213,7 @@ def create_api(app: App, state: ServiceState) -> FastAPI:
     _add_probes(api, app, state)
     _add_docs(api)
     _add_dashboard(api, app, auth)
+    _add_portal(api, app, auth)
     settings = app.settings.api
     api.add_middleware(JsonBodies)
     api.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
@@ -254,6 +263,15 @@ def _add_dashboard(api: FastAPI, app: App, auth: Authenticator) -> None:
     @api.get("/ui", include_in_schema=False)
     async def dashboard(request: Request) -> RedirectResponse:
         return RedirectResponse(f"{request.scope.get('root_path', '')}/ui/", status_code=308)
+
+
+def _add_portal(api: FastAPI, app: App, auth: Authenticator) -> None:
+    """The customer portal at ``/portal/`` (one tenant's webhooks; see notifyq/_ui/portal.py)."""
+    api.mount("/portal", create_portal(app, auth), name="portal")
+
+    @api.get("/portal", include_in_schema=False)
+    async def portal(request: Request) -> RedirectResponse:
+        return RedirectResponse(f"{request.scope.get('root_path', '')}/portal/", status_code=308)
 
 
 def _add_probes(api: FastAPI, app: App, state: ServiceState) -> None:

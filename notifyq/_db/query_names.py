@@ -69,6 +69,7 @@ class QueryNames:
     job_run_series: LiteralString
     job_run_type_overview: LiteralString
     job_run_read_no_jit: LiteralString
+    job_run_count_timeout: LiteralString
     job_run_await: LiteralString
     job_run_get_for_update: LiteralString
     job_run_replay: LiteralString
@@ -117,6 +118,8 @@ class QueryNames:
 
     # db/queries/key_concurrency.sql
     key_concurrency_resize: LiteralString
+    key_concurrency_pin: LiteralString
+    key_concurrency_unpin: LiteralString
 
     # db/queries/leader.sql
     leader_attempt_elect: LiteralString
@@ -136,6 +139,14 @@ class QueryNames:
     notifier_listen: LiteralString
     notifier_ping: LiteralString
 
+    # db/queries/operator_event.sql
+    operator_event_record: LiteralString
+    operator_event_record_failing: LiteralString
+    operator_event_claim: LiteralString
+    operator_event_sent: LiteralString
+    operator_event_list: LiteralString
+    operator_event_prune: LiteralString
+
     # db/queries/pause.sql
     pause_set: LiteralString
     pause_clear: LiteralString
@@ -151,6 +162,16 @@ class QueryNames:
     periodic_schedule_resume: LiteralString
     periodic_schedule_trigger: LiteralString
 
+    # db/queries/portal_link.sql
+    portal_link_insert: LiteralString
+    portal_link_redeem: LiteralString
+    portal_link_purge: LiteralString
+
+    # db/queries/portal_session.sql
+    portal_session_insert: LiteralString
+    portal_session_get: LiteralString
+    portal_session_delete: LiteralString
+
     # db/queries/rate_window.sql
     rate_window_list: LiteralString
     rate_window_prune: LiteralString
@@ -160,6 +181,9 @@ class QueryNames:
     webhook_attempt_list: LiteralString
     webhook_attempt_count_by_run: LiteralString
     webhook_attempt_record_succeeded: LiteralString
+    webhook_attempt_partitions_make: LiteralString
+    webhook_attempt_partitions_drop: LiteralString
+    webhook_attempt_purge_default: LiteralString
 
     # db/queries/webhook_delivery.sql
     webhook_delivery_list: LiteralString
@@ -173,6 +197,9 @@ class QueryNames:
     webhook_delivery_missing_count: LiteralString
     webhook_delivery_replay_missing: LiteralString
     webhook_delivery_replay_lock: LiteralString
+    webhook_delivery_keep_place: LiteralString
+    webhook_delivery_release_places: LiteralString
+    webhook_delivery_give_up: LiteralString
 
     # db/queries/webhook_endpoint.sql
     webhook_endpoint_insert: LiteralString
@@ -188,6 +215,7 @@ class QueryNames:
     webhook_endpoint_circuit_hold: LiteralString
     webhook_endpoint_delete: LiteralString
     webhook_endpoint_health: LiteralString
+    webhook_endpoint_set_ordered: LiteralString
     webhook_endpoint_hold: LiteralString
 
     # db/queries/webhook_event_type.sql
@@ -201,6 +229,10 @@ class QueryNames:
     webhook_message_get: LiteralString
     webhook_message_in_tenants: LiteralString
     webhook_message_list: LiteralString
+    webhook_message_retain_until: LiteralString
+    webhook_message_drop_payloads: LiteralString
+    webhook_message_list_for_tenant: LiteralString
+    webhook_message_delivered_to_tenant: LiteralString
 
     # db/queries/webhook_secret.sql
     webhook_secret_insert: LiteralString

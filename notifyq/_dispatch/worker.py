@@ -46,10 +46,12 @@ from notifyq._dispatch.completer import Completer
 from notifyq._dispatch.executor import Execution, Executor
 from notifyq._dispatch.lock_waiter import LockWaiter
 from notifyq._dispatch.producer import Producer, Slots
+from notifyq._maintenance.announcer import Announcer
 from notifyq._maintenance.elector import Elector
 from notifyq._maintenance.purger import Purger
 from notifyq._maintenance.reaper import Reaper
 from notifyq._maintenance.resumer import Resumer
+from notifyq._maintenance.retainer import Retainer
 from notifyq._maintenance.runner import every
 from notifyq._maintenance.scheduler import Scheduler
 from notifyq._notifier import Notifier
@@ -121,7 +123,9 @@ class Worker:
                                ttl_s=settings.leader.ttl_s)
         self.reaper = Reaper(db, queries, clock, settings.reaper)
         self.purger = Purger(db, queries, clock, settings.purger)
+        self.retainer = Retainer(db, queries, clock, settings.webhooks, settings.purger)
         self.resumer = Resumer(db, queries, clock, settings.resumer)
+        self.announcer = Announcer(db, queries, clock, settings.webhooks)
         self.scheduler = Scheduler(db, queries, clock, registry.periodic)
         self._maintenance = maintenance and not burst
         self.active: dict[UUID, Execution] = {}
@@ -189,6 +193,12 @@ class Worker:
                 fetchers.start_soon(self._run_if_leader, self.purger.run_once,
                                     self._settings.purger.interval_s, "purger",
                                     self._settings.purger.enabled, False)
+                fetchers.start_soon(self._run_if_leader, self.announcer.run_once,
+                                    self._settings.webhooks.operator_events_interval_s,
+                                    "announcer", True, False)
+                fetchers.start_soon(self._run_if_leader, self.retainer.run_once,
+                                    self._settings.purger.interval_s, "retainer",
+                                    self._settings.purger.enabled)
                 fetchers.start_soon(self.scheduler.run, self.grace)
             self.started.set()
             async with anyio.create_task_group() as producers:

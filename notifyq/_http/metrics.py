@@ -63,6 +63,11 @@ class Metrics:
             "(2xx, 3xx, 4xx, 5xx, or the error kind: timeout, connect, dns, tls, blocked, "
             "invalid)",
             ["outcome"], registry=r)
+        self.operator_events = Counter(
+            "notifyq_operator_events", "Operator events this process emitted (as the leader), "
+            "by kind (endpoint.disabled, endpoint.circuit_opened, endpoint.circuit_closed, "
+            "endpoint.failing, retention.purged): each event is emitted by one process",
+            ["kind"], registry=r)
         self.listener = Gauge("notifyq_listener_connected", "1 when the LISTEN connection is "
                               "up (absent without a worker or in poll-only mode)", registry=r)
 
@@ -90,6 +95,10 @@ class Metrics:
     def webhook_attempt(self, outcome: str) -> None:
         """The webhook deliverer's observer: one call per attempt."""
         self.webhook_attempts.labels(outcome).inc()
+
+    def operator_event(self, kind: str) -> None:
+        """The announcer's observer: one call per emitted operator event."""
+        self.operator_events.labels(kind).inc()
 
     def render(self, stats: Stats | None, worker: Worker | None) -> bytes:
         """The exposition text; ``stats`` (None: the database was unreachable) refreshes the

@@ -2,12 +2,14 @@
 nobody waited for past theirs, in bounded batches, each its own short transaction, so the claim
 table stays small. It also gives runs enqueued while their type had no definition that
 definition's defaults, for the enqueues that committed just after a worker upserted it (the
-worker applies them at its start)."""
+worker applies them at its start). A pass that deleted anything is recorded as a
+``retention.purged`` operator event (see :mod:`notifyq._maintenance.announcer`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from notifyq._clock import Clock
@@ -42,8 +44,21 @@ class Purger:
             deleted += batch
             if batch < self.config.batch_size:
                 break
-        return {"deleted": deleted, "signals_expired": await self._expire_signals(),
-                "defaults_applied": await self._apply_definitions()}
+        counts = {"deleted": deleted, "signals_expired": await self._expire_signals(),
+                  "defaults_applied": await self._apply_definitions()}
+        if counts["deleted"] or counts["signals_expired"]:
+            await self._record(counts)
+        return counts
+
+    async def _record(self, counts: dict[str, int]) -> None:
+        detail = {"runs_deleted": counts["deleted"], "signals_expired": counts["signals_expired"],
+                  "completed_retention_s": self.config.completed_retention_s,
+                  "failed_retention_s": self.config.failed_retention_s,
+                  "canceled_retention_s": self.config.canceled_retention_s}
+        async with self._db.connection() as conn:
+            await conn.execute(self._q.operator_event_record, {
+                "kind": "retention.purged", "endpoint_id": None, "detail": Jsonb(detail),
+                "dedupe_key": None, "now": self._clock.db_now()})
 
     async def _expire_signals(self) -> int:
         expired = 0

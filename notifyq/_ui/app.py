@@ -115,7 +115,8 @@ def _add_sign_in(router: APIRouter, ui: Ui, auth: Authenticator) -> None:
             # The dashboard's pages are about every tenant (overview, pools, schedules, keys).
             return _form(request, ui, auth, status=403, error=(
                 f"token {token.name!r} is limited to tenants; the dashboard shows every "
-                "tenant: sign in with a token configured without `tenants`"))
+                "tenant: sign in with a token configured without `tenants` (a tenant's "
+                "webhooks are in the customer portal, /portal/)"))
         base = base_of(request)
         response = redirect(request, "")
         response.headers["location"] = _safe_next(base, form.get("next"))

@@ -21,6 +21,11 @@ from notifyq._pause import Pause
 from notifyq._ui.web import Problem, Signed, Ui, query, read_form_lists, redirect, utc_time
 
 PAGE = 50
+STATES_BUDGET_S = 1.0
+MATCHING_BUDGET_S = 0.5
+"""The time the state tabs' counts share, and the "N matching" count's: a count that reads
+longer (a rare filter over tens of millions of runs, without a time range) is stopped and
+shown as not known."""
 SUFFIX_WINDOW = timedelta(days=1)
 FILTERS = ("status", "type", "pool", "tag", "tenant", "scope", "scope_id", "from", "to", "q",
            "due", "finished", "worker")
@@ -97,8 +102,8 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
     control = app._control
 
     async def listing(request: Request, *, whole: bool = False) -> dict[str, Any]:
-        """The list's rows; for the ``whole`` page also the state tabs with their counts and
-        the known job types and pools."""
+        """The list's rows; for the ``whole`` page also the state tabs (their counts come
+        after, from ``/runs/counts``) and the known job types and pools."""
         params = query(request.query_params, *FILTERS, "cursor")
         where = run_filter(params)
         before = run_id(params["cursor"]) if "cursor" in params else None
@@ -107,9 +112,7 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
         async with (await app.pool()).connection() as conn:
             runs = await control.list_with_tenants(conn, where, limit=PAGE, before=before)
             if whole:
-                any_state = replace(where, status=None, status_in=None, due=None, retried=None)
-                page = _tabs(filters, await control.count_states(conn, any_state))
-                page["matching"] = await control.count_matching(conn, where)
+                page = _tabs(filters, dict.fromkeys(RUN_STATES))
                 page["job_types"] = await control.job_types(conn)
         return {"runs": runs, "filters": filters, "statuses": RUN_STATES, **page,
                 "cap": COUNT_CAP, "now": datetime.now(UTC),
@@ -133,6 +136,7 @@ def add_run_pages(router: APIRouter, app: App, ui: Ui) -> None:
         return ui.page(request, viewer, "runs_rows.html", **await listing(request))
 
     _add_bulk(router, app, ui)
+    _add_counts(router, app, ui)
 
     @router.get("/runs/{id}", response_class=HTMLResponse)
     async def detail(request: Request, id: str, viewer: Signed) -> Response:
@@ -185,20 +189,43 @@ async def _lookup(request: Request, app: App, text: str) -> Response:
                   "purged after its retention)")
 
 
-def _tabs(filters: dict[str, str], counts: dict[str, int]) -> dict[str, Any]:
+def _tabs(filters: dict[str, str], counts: dict[str, int | None]) -> dict[str, Any]:
     """A tab per state (and "all") with its count and link: each count stops at
-    ``COUNT_CAP`` (shown "10,000+"), the total of "all" with one that did is "or more"."""
+    ``COUNT_CAP`` (shown "10,000+"), the total of "all" with one that did is "or more".
+    A count of None is not known (yet, on the page before ``/runs/counts`` answers; or at
+    all, when it did not finish within its budget): "all" is then the sum of the known ones,
+    with a "+"."""
     others = {k: v for k, v in filters.items() if k not in ("status", "due")}
     current = None if "due" in filters else filters.get("status")
-    total = sum(counts.values())
-    tabs = [{"state": None, "label": "all", "count": total,
-             "capped": any(n >= COUNT_CAP for n in counts.values()), "query": others}]
+    known = [n for n in counts.values() if n is not None]
+    tabs = [{"state": None, "label": "all", "count": sum(known) if known else None,
+             "capped": len(known) < len(counts) or any(n >= COUNT_CAP for n in known),
+             "query": others}]
     tabs += [{"state": state, "label": state.replace("_", " "), "count": n,
-              "capped": n >= COUNT_CAP, "query": {**others, "status": state}}
+              "capped": n is not None and n >= COUNT_CAP, "query": {**others, "status": state}}
              for state, n in counts.items()]
     for tab in tabs:
         tab["current"] = tab["state"] == current
     return {"tabs": tabs}
+
+
+def _add_counts(router: APIRouter, app: App, ui: Ui) -> None:
+    control = app._control
+
+    @router.get("/runs/counts", response_class=HTMLResponse)
+    async def counts(request: Request, viewer: Signed) -> Response:
+        """The state tabs with their counts and the filter's "N matching", asked for by the
+        Runs page once its list is shown: on a large table a count that stops short of its cap
+        reads every run the filter's id range covers, which the list never waits for."""
+        params = query(request.query_params, *FILTERS)
+        where = run_filter(params)
+        any_state = replace(where, status=None, status_in=None, due=None, retried=None)
+        async with (await app.pool()).connection() as conn:
+            page = _tabs(params, await control.count_states(conn, any_state,
+                                                            budget_s=STATES_BUDGET_S))
+            matching = await control.count_matching(conn, where, budget_s=MATCHING_BUDGET_S)
+        return ui.page(request, viewer, "runs_counts.html", **page, matching=matching,
+                       cap=COUNT_CAP, filters=params, counted=True)
 
 
 def _add_bulk(router: APIRouter, app: App, ui: Ui) -> None:

@@ -2,9 +2,10 @@
 failure, why disabled), their deliveries; messages with every attempt (status code, duration,
 error kind, response excerpt), pending ones with their next attempt and whether the circuit
 holds them; messages filtered by event type and endpoint, their failed and retrying deliveries
-counted; and the actions resend, resend every failed delivery of an endpoint since a time,
-send an endpoint the messages it missed since a time (counted and confirmed first),
-enable / disable (after a confirmation) and rotate secret.
+counted; the event-type catalog (name, description, schema); and the actions resend, resend
+every failed delivery of an endpoint since a time, send an endpoint the messages it missed
+since a time (counted and confirmed first), enable / disable (after a confirmation)
+and rotate secret.
 
 A rotation answers with a redirect (reloading the page does not rotate again); the new secret
 waits in this process's memory, keyed by the session's CSRF token and the endpoint, for
@@ -24,7 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from notifyq._app import App
-from notifyq._errors import ConfigError, InvalidEndpoint, WebhookNotFound
+from notifyq._errors import ConfigError, InvalidEndpoint, InvalidTransition, WebhookNotFound
 from notifyq._ui.web import Problem, Signed, Ui, query, redirect, required_time
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.routes import MESSAGE_ID
@@ -36,6 +37,9 @@ DONE = {"disable": "Endpoint disabled", "enable": "Endpoint enabled",
         "replay": "Missed messages sent, a delivery each",
         "replay-more": "Missed messages sent, a delivery each; more are left: replay again",
         "replay-none": "Nothing to replay: the endpoint missed no message since then",
+        "ordered": "Deliveries go one at a time, in send order",
+        "unordered": "Deliveries go in parallel again",
+        "give-up": "Delivery given up: the next message goes",
         "rate": "Rate limit saved"}
 RECOVER_SINCE = timedelta(days=1)
 """What "Resend failed" offers to go back by, to begin with."""
@@ -58,6 +62,10 @@ class Reveals:
         return secret if expires > now else None
 
 
+OPERATOR_EVENTS_SHOWN = 20
+"""The recent operator events under the endpoints (``notifyq webhooks events`` lists more)."""
+
+
 def _endpoint_id(text: str) -> UUID:
     try:
         return UUID(text)
@@ -72,23 +80,23 @@ def _message_id(text: str) -> str:
     return text
 
 
-def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
-    reveals = Reveals()
-
+def _service_of(app: App) -> Callable[[], Webhooks]:
     def service() -> Webhooks:
         if app._webhooks is None:
             raise Problem(409, "Webhooks are not enabled here", "this server has no keyring "
                           "(webhook secrets are stored encrypted): set NOTIFYQ_KEYS and "
                           "NOTIFYQ_ACTIVE_KEY_VERSION, or remove webhooks.enabled=false")
         return app._webhooks
+    return service
+
+
+def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
+    reveals = Reveals()
+    service = _service_of(app)
 
     @router.get("/webhooks", response_class=HTMLResponse)
     async def endpoints(request: Request, viewer: Signed) -> Response:
-        hooks = service()
-        items = await hooks.list_endpoints(limit=1000)
-        health = {h["endpoint_id"]: h for h in await hooks.health(
-            endpoint_ids=[e.id for e in items])}
-        return ui.page(request, viewer, "webhooks.html", endpoints=items, health=health,
+        return ui.page(request, viewer, "webhooks.html", **await _overview(service()),
                        done=_done(request))
 
     @router.get("/webhooks/endpoints/{id}", response_class=HTMLResponse)
@@ -107,6 +115,8 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
                        next_cursor=deliveries[-1]["id"] if len(deliveries) == PAGE else None,
                        done=_done(request), recover_since=(datetime.now(UTC) - RECOVER_SINCE)
                        .strftime("%Y-%m-%dT%H:%M"))
+
+    _add_order_actions(router, ui, service)  # before /{action}, which would take their paths
 
     @router.post("/webhooks/endpoints/{id}/{action}", response_class=HTMLResponse)
     async def endpoint_action(request: Request, id: str, action: str) -> Response:
@@ -165,7 +175,47 @@ def add_webhook_pages(router: APIRouter, app: App, ui: Ui) -> None:
     _add_message_pages(router, ui, service)
 
 
+def _add_order_actions(router: APIRouter, ui: Ui, service: Callable[[], Webhooks]) -> None:
+    """An endpoint's order (one delivery at a time, in send order, or in parallel) and giving
+    up one of its pending deliveries (asked first): what unblocks an ordered endpoint."""
+
+    @router.post("/webhooks/endpoints/{id}/order", response_class=HTMLResponse)
+    async def order(request: Request, id: str) -> Response:
+        form = await ui.form(request)
+        endpoint_id, ordered = _endpoint_id(id), form.get("ordered") == "yes"
+        await _endpoint(service(), endpoint_id)
+        await service().update_endpoint(endpoint_id, ordered=ordered)
+        return redirect(request, f"/webhooks/endpoints/{endpoint_id}",
+                        done="ordered" if ordered else "unordered")
+
+    @router.post("/webhooks/endpoints/{id}/give-up", response_class=HTMLResponse)
+    async def give_up(request: Request, id: str) -> Response:
+        form = await ui.form(request)
+        endpoint_id = _endpoint_id(id)
+        message_id = _message_id(form.get("message_id", ""))
+        path = f"/webhooks/endpoints/{endpoint_id}"
+        if form.get("confirm") != "yes":
+            return ui.confirm(
+                request, question=f"Give up message {message_id}?",
+                consequence="Its delivery to this endpoint fails now and is not tried again "
+                "(\"Resend failed\" can start it anew); on an ordered endpoint the next "
+                "message goes at once.",
+                button="Give up this delivery", action=f"{path}/give-up", back=path, form=form)
+        try:
+            await service().give_up(message_id, endpoint_id, reason="given up in the dashboard")
+        except WebhookNotFound as exc:
+            raise Problem(404, "Nothing to give up", str(exc)) from None
+        except InvalidTransition as exc:
+            raise Problem(409, "Refused", str(exc)) from None
+        return redirect(request, path, done="give-up")
+
+
 def _add_message_pages(router: APIRouter, ui: Ui, service: Callable[[], Webhooks]) -> None:
+
+    @router.get("/webhooks/event-types", response_class=HTMLResponse)
+    async def event_types(request: Request, viewer: Signed) -> Response:
+        return ui.page(request, viewer, "webhook_event_types.html",
+                       event_types=await service().event_types())
 
     @router.get("/webhooks/messages", response_class=HTMLResponse)
     async def messages(request: Request, viewer: Signed) -> Response:
@@ -201,8 +251,19 @@ def _add_message_pages(router: APIRouter, ui: Ui, service: Callable[[], Webhooks
                                           _endpoint_id(endpoint))
         except WebhookNotFound as exc:
             raise Problem(404, "Nothing to resend", str(exc)) from None
+        except InvalidTransition as exc:
+            raise Problem(409, "Cannot resend", str(exc)) from None
         return redirect(request, f"/webhooks/messages/{message_id}", done="resend",
                         changed=str(len(rows)))
+
+
+async def _overview(hooks: Webhooks) -> dict[str, Any]:
+    """The Webhooks page: every endpoint with its health, and the latest operator events."""
+    items = await hooks.list_endpoints(limit=1000)
+    health = {h["endpoint_id"]: h for h in await hooks.health(
+        endpoint_ids=[e.id for e in items])}
+    return {"endpoints": items, "health": health,
+            "events": await hooks.operator_events(limit=OPERATOR_EVENTS_SHOWN)}
 
 
 async def _endpoint(hooks: Webhooks, endpoint_id: UUID) -> Endpoint:

@@ -1,7 +1,8 @@
-"""``notifyq webhooks ...``: endpoints (add, list, enable, disable, rotate-secret), the
-event-type catalog (define, list, delete), send,
-attempts, resend and recover. Text by default, JSON with ``--json``. A secret is printed only by
-``add`` and ``rotate-secret``: the one time it is shown.
+"""``notifyq webhooks ...``: endpoints (add, update, list, enable, disable, rotate-secret), the
+event-type catalog (define, list, delete), send, attempts, resend, give-up, recover,
+replay-missing, the operator events (``events``) and portal-link (a one-time sign-in link to the
+customer portal). Text by default, JSON with ``--json``. A secret is printed only by ``add`` and
+``rotate-secret``: the one time it is shown.
 
 Every command that changes something says what it did in one line. Those that create something
 (``endpoints add``, ``send``, ``resend``) print what scripts read on stdout (the id, the run
@@ -21,15 +22,17 @@ from notifyq._app import App
 from notifyq._console import Parser, load_app, run_async, session, table, when
 from notifyq._db.pool import AsyncConn
 from notifyq._errors import InvalidEndpoint
+from notifyq._settings import Settings
 from notifyq._webhooks.endpoints import Endpoint
 from notifyq._webhooks.rows import Attempt, Delivery
-from notifyq._webhooks.service import SentMessage
+from notifyq._webhooks.service import OPERATOR_EVENT_KINDS, SentMessage
 
 
 def add_webhooks_parser(sub: Any) -> None:
     hooks = sub.add_parser("webhooks", help="webhook endpoints, messages and attempts")
     actions = hooks.add_subparsers(dest="action", required=True, parser_class=Parser,
-                                   metavar="endpoints|event-types|send|attempts|resend|recover|replay-missing")
+                                   metavar="endpoints|event-types|send|attempts|resend|"
+                                           "give-up|recover|replay-missing|events|portal-link")
     _add_endpoints(actions, Parser)
     _add_event_types(actions, Parser)
 
@@ -39,6 +42,9 @@ def add_webhooks_parser(sub: Any) -> None:
     send.add_argument("--payload", metavar="JSON|-", required=True,
                       help="the JSON body (object or array); - reads it from stdin")
     send.add_argument("--endpoint", metavar="ID", help="send to this endpoint only")
+    send.add_argument("--payload-retention-s", type=float, metavar="S",
+                      help="drop the payload this long after sending (default: "
+                           "webhooks.payload_retention_s)")
     send.add_argument("--idempotency-key", metavar="K",
                       help="a second send with this key returns the first message")
     send.set_defaults(func=cmd_send)
@@ -51,6 +57,13 @@ def add_webhooks_parser(sub: Any) -> None:
     resend.add_argument("message_id", metavar="MESSAGE")
     resend.add_argument("--endpoint", metavar="ID", help="to this endpoint only")
     resend.set_defaults(func=cmd_resend)
+
+    give_up = actions.add_parser("give-up", help="give up a message's pending delivery to one "
+                                 "endpoint (it fails; an ordered endpoint's next message goes)")
+    give_up.add_argument("message_id", metavar="MESSAGE")
+    give_up.add_argument("--endpoint", metavar="ID", required=True)
+    give_up.add_argument("--reason", default="given up from the command line")
+    give_up.set_defaults(func=cmd_give_up)
 
     recover = actions.add_parser("recover", help="re-enqueue an endpoint's failed deliveries "
                                                  "since a time")
@@ -66,7 +79,26 @@ def add_webhooks_parser(sub: Any) -> None:
                         help="at most this many messages (default 10000)")
     replay.add_argument("--dry-run", action="store_true", help="count them; send nothing")
     replay.set_defaults(func=cmd_replay_missing)
-    for parser in (send, attempts, resend, recover, replay):
+
+    portal = actions.add_parser("portal-link", help="mint a one-time sign-in link to the "
+                                                    "customer portal for a tenant; prints it")
+    portal.add_argument("tenant_id", metavar="TENANT")
+    portal.add_argument("--ttl-s", type=float, metavar="S",
+                        help="seconds it stays valid (webhooks.portal_link_ttl_s)")
+    portal.add_argument("--read-only", action="store_true",
+                        help="the customer sees, but changes nothing")
+    portal.add_argument("--url", metavar="BASE", help="where customers reach this server "
+                        "(webhooks.portal_url; default http://API_HOST:API_PORT)")
+    portal.set_defaults(func=cmd_portal_link)
+
+    events = actions.add_parser("events", help="operator events, newest first: endpoints "
+                                "disabled, circuits opened and closed, endpoints failing "
+                                "for long, purge passes")
+    events.add_argument("--kind", choices=OPERATOR_EVENT_KINDS, help="only this kind")
+    events.add_argument("--endpoint", metavar="ID", help="only about this endpoint")
+    events.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    events.set_defaults(func=cmd_events)
+    for parser in (send, attempts, resend, give_up, recover, replay, events, portal):
         _common(parser)
 
 
@@ -85,6 +117,8 @@ def _add_endpoints(actions: Any, parser_class: Any) -> None:
                      help="a custom header sent with every message (repeatable)")
     add.add_argument("--secret", help="whsec_... (default: generated)")
     add.add_argument("--disabled", action="store_true", help="create it disabled")
+    add.add_argument("--ordered", action="store_true",
+                     help="one delivery at a time, in send order")
     add.add_argument("--tenant", dest="tenant_id", metavar="TENANT",
                      help="the tenant it belongs to, for good (default: none)")
     add.add_argument("--rate-limit", type=_rate_limit, metavar="N",
@@ -92,11 +126,14 @@ def _add_endpoints(actions: Any, parser_class: Any) -> None:
                           "unlimited)")
     add.set_defaults(func=cmd_endpoints_add)
 
-    update = ops.add_parser("update", help="change an endpoint's URL, description or rate "
-                                           "limit")
+    update = ops.add_parser("update", help="change an endpoint's URL, description, order or "
+                                           "rate limit")
     update.add_argument("endpoint_id", metavar="ID")
     update.add_argument("--url")
     update.add_argument("--description")
+    update.add_argument("--ordered", action=argparse.BooleanOptionalAction, default=None,
+                        help="one delivery at a time, in send order (--no-ordered: in "
+                             "parallel again)")
     update.add_argument("--rate-limit", type=_rate_limit, metavar="N|none", default=...,
                         help="at most N deliveries per second; none: unlimited")
     update.set_defaults(func=cmd_endpoints_update)
@@ -169,6 +206,8 @@ def _endpoint_line(e: Endpoint) -> str:
                   f"{_plural(e.consecutive_failures, 'failure')}"
                   + (f" until {e.circuit_open_until.isoformat(timespec='seconds')}"
                      if circuit == "open" else ""))
+    if e.ordered:
+        state += ", ordered"
     if e.rate_limit is not None:
         state += f", at most {e.rate_limit}/s"
     types = ",".join(e.event_types) if e.event_types else "*"
@@ -203,9 +242,10 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         e = await app.webhooks.create_endpoint(
             args.url, description=args.description, event_types=args.event_types,
             headers=headers, secret=args.secret, enabled=not args.disabled,
-            tenant_id=args.tenant_id, rate_limit=args.rate_limit, conn=conn)
+            tenant_id=args.tenant_id, rate_limit=args.rate_limit, ordered=args.ordered,
+            conn=conn)
         _say(f"created endpoint {e.id} for {e.url} ({_types(e)}, "
-             f"{'enabled' if e.enabled else 'disabled'})")
+             f"{'enabled' if e.enabled else 'disabled'}{', ordered' if e.ordered else ''})")
         if not args.json:  # stdout is the id alone (ID=$(...)); --json has the secret
             _say(f"secret (shown once, store it now): {e.secret}")
         _emit(args, e.to_json(), str(e.id))
@@ -217,8 +257,13 @@ def cmd_endpoints_update(args: argparse.Namespace) -> int:
     async def go(app: App, conn: AsyncConn) -> int:
         e = await app.webhooks.update_endpoint(args.endpoint_id, url=args.url,
                                                description=args.description,
+                                               ordered=args.ordered,
                                                rate_limit=args.rate_limit, conn=conn)
-        _emit(args, e.to_json(), _endpoint_line(e))
+        order = ("ordered: one delivery at a time, in send order" if e.ordered
+                 else "not ordered")
+        rate = (f", at most {e.rate_limit} deliveries per second" if e.rate_limit is not None
+                else "")
+        _emit(args, e.to_json(), f"updated endpoint {e.id} ({e.url}), {order}{rate}")
         return 0
     return _run(args, go)
 
@@ -272,7 +317,9 @@ def cmd_send(args: argparse.Namespace) -> int:
 
     async def go(app: App, conn: AsyncConn) -> int:
         sent = await app.webhooks.send(args.event_type, payload, endpoint_id=args.endpoint,
-                                       idempotency_key=args.idempotency_key, conn=conn)
+                                       idempotency_key=args.idempotency_key,
+                                       payload_retention_s=args.payload_retention_s,
+                                       conn=conn)
         _say(_sent_text(sent, args.event_type))
         _emit(args, sent.to_json(), sent.id)
         return 0
@@ -346,6 +393,18 @@ def cmd_resend(args: argparse.Namespace) -> int:
              "manual attempt each, no retries (see `notifyq webhooks attempts "
              f"{args.message_id}`)")
         _emit(args, rows, "\n".join(str(r["run_id"]) for r in rows))
+        return 0
+    return _run(args, go)
+
+
+def cmd_give_up(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        run_id = await app.webhooks.give_up(args.message_id, args.endpoint,
+                                            reason=args.reason, conn=conn)
+        _emit(args, {"message_id": args.message_id, "endpoint_id": args.endpoint,
+                     "run_id": str(run_id)},
+              f"gave up the delivery of message {args.message_id} to endpoint "
+              f"{args.endpoint}: it failed ({args.reason}) and its run {run_id} is canceled")
         return 0
     return _run(args, go)
 
@@ -469,3 +528,42 @@ def cmd_replay_missing(args: argparse.Namespace) -> int:
         _emit(args, r.to_json(), text)
         return 0
     return _run(args, go)
+
+
+def _portal_base(args: argparse.Namespace, settings: Settings) -> str:
+    if args.url:
+        return str(args.url)
+    if settings.webhooks.portal_url:
+        return settings.webhooks.portal_url
+    return f"http://{settings.api.host}:{settings.api.port}"
+
+
+def cmd_portal_link(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        del conn  # the link is written on a connection of its own
+        link = await app.webhooks.portal.mint(args.tenant_id, ttl_s=args.ttl_s,
+                                              read_only=args.read_only,
+                                              base_url=_portal_base(args, app.settings))
+        _say(f"portal link for tenant {link.tenant_id!r}"
+             f"{' (read-only)' if link.read_only else ''}: opens once, until "
+             f"{link.expires_at.isoformat(timespec='seconds')}")
+        _emit(args, link.to_json(), link.url)
+        return 0
+    return _run(args, go)
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    async def go(app: App, conn: AsyncConn) -> int:
+        rows = await app.webhooks.operator_events(kind=args.kind, endpoint_id=args.endpoint,
+                                                  limit=args.limit, conn=conn)
+        _emit(args, rows, "\n".join(_event_line(r) for r in rows) or "no operator events")
+        return 0
+    return _run(args, go)
+
+
+def _event_line(row: dict[str, Any]) -> str:
+    about = f"endpoint {row['endpoint_id']}" if row["endpoint_id"] else "retention"
+    detail = ", ".join(f"{k}={v}" for k, v in sorted(row["detail"].items()) if v is not None)
+    sent = "" if row["emitted_at"] else "  (not emitted yet)"
+    return (f"{row['id']}  {when(row['created_at'])}  {row['kind']}  {about}  {detail}"
+            f"{sent}")

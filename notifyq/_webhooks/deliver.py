@@ -28,6 +28,12 @@ it open anyway waits too, without a request or an attempt. After the cooldown th
 delivery is the probe (the others wait one attempt's time more): its success closes the
 circuit, its failure opens it again. Manual resends are not held.
 
+**Ordered endpoints** (``webhook_endpoint.ordered``, migration 0029): their key's limit is
+pinned to 1, and a scheduled delivery of one that snoozes (a retry, or held by the circuit)
+first keeps its place at the head of the endpoint's line (``webhook_delivery_keep_place``: the
+best priority), so the keyed claim holds the later deliveries back until it is over, without
+moving their run_at or counting an attempt of theirs.
+
 **429 with Retry-After.** The whole endpoint waits until then (``webhook_endpoint_hold``: the
 keyed claim passes its key over, migration 0028; its pending deliveries are parked), and the
 attempt counts neither toward the failure streak nor the breaker (recorded with ``succeeded``
@@ -187,6 +193,18 @@ class Deliverer:
                         "message_id": message_id, "endpoint_id": endpoint_id,
                         "reason": skipped, "now": app.clock.db_now()})
             return {"skipped": skipped}
+        try:
+            return await self._attempt(row, trigger=trigger, run_id=run_id, now=now)
+        except Snooze:
+            if scheduled and run_id is not None and row["ordered"]:
+                await self._keep_place(row["endpoint_id"], run_id)
+            raise
+
+    async def _attempt(self, row: dict[str, Any], *, trigger: str, run_id: UUID | None,
+                       now: datetime) -> dict[str, Any]:
+        app = self._rt
+        scheduled = trigger == "scheduled"
+        message_id, endpoint_id = row["message_id"], row["endpoint_id"]
         if scheduled and row["circuit_open_until"] is not None:
             await self._hold(row)
         keyring = await self._rt.checked_keyring()
@@ -221,6 +239,15 @@ class Deliverer:
             app.settings.webhooks.retry_schedule_s), app.settings.webhooks, now, self._rng)
         return await self._record(row, run_id=run_id, trigger=trigger, attempt=attempt,
                                   timestamp=timestamp, result=result, decision=decision)
+
+    async def _keep_place(self, endpoint_id: UUID, run_id: UUID) -> None:
+        """An ordered endpoint's delivery about to snooze stays the head of its line
+        (webhook_delivery_keep_place): the endpoint's later messages wait for it, and are
+        charged nothing for waiting."""
+        app = self._rt
+        async with (await app.pool()).connection() as conn:
+            await conn.execute(app.queries.webhook_delivery_keep_place, {
+                "run_id": run_id, "endpoint_id": endpoint_id, "now": app.clock.db_now()})
 
     async def _own_run(self, row: dict[str, Any], run_id: UUID, scheduled: bool) -> bool:
         """Whether ``run_id`` is a run notifyq enqueued for this delivery: a scheduled attempt
@@ -331,6 +358,8 @@ class Deliverer:
     def _skip_reason(row: dict[str, Any], scheduled: bool) -> str | None:
         if row["disabled_at"] is not None:
             return f"endpoint disabled: {row['disabled_reason'] or 'no reason given'}"
+        if row["payload_dropped_at"] is not None:
+            return "the message's payload was dropped by its retention"
         if scheduled and row["status"] != "pending":
             return f"delivery already {row['status']}"
         return None

@@ -161,6 +161,9 @@ class Endpoint:
     """Until when the circuit breaker parks the endpoint's deliveries (None: closed)."""
     rate_limit: int | None = None
     """Deliveries per second at most, across all workers (None: unlimited)."""
+    ordered: bool = False
+    """One delivery at a time, in send order, each after the one before succeeded or was
+    given up (see docs/webhooks.md, "Ordered endpoints")."""
 
     @property
     def enabled(self) -> bool:
@@ -180,7 +183,7 @@ class Endpoint:
                    row["failing_since"], row["created_at"], row["updated_at"],
                    int(row.get("valid_secrets") or 0), secret, row.get("tenant_id"),
                    int(row.get("consecutive_failures") or 0), row.get("circuit_open_until"),
-                   row.get("rate_limit"))
+                   row.get("rate_limit"), bool(row.get("ordered")))
 
     def to_json(self, now: datetime | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -190,6 +193,7 @@ class Endpoint:
             "failing_since": _iso(self.failing_since), "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at), "valid_secrets": self.valid_secrets,
             "tenant_id": self.tenant_id, "rate_limit": self.rate_limit,
+            "ordered": self.ordered,
             "circuit": {"state": self.circuit_state(now),
                         "consecutive_failures": self.consecutive_failures,
                         "open_until": _iso(self.circuit_open_until)}}

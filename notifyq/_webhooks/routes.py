@@ -1,6 +1,7 @@
 """The ``/v1/webhooks`` routes: endpoints (CRUD, rotate secret, recover), messages (send, get,
-attempts, resend). Thin calls into ``app.webhooks``; refusals are problem details like every
-other route (422 naming the field, 404 for an unknown id, 409 without a keyring).
+attempts, resend, give-up). Thin calls into ``app.webhooks``; refusals are problem details like
+every other route (422 naming the field, 404 for an unknown id, 409 without a keyring or for a
+delivery that cannot be given up now).
 
 Tenants: an endpoint belongs to the tenant it was created for (``tenant_id``, for good), a
 message to the tenant of the one endpoint it was sent to. A token limited to tenants lists
@@ -12,16 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from notifyq._app import App
-from notifyq._errors import ConfigError, InvalidEndpoint, InvalidEnqueue, WebhookNotFound
+from notifyq._errors import (
+    ConfigError,
+    InvalidEndpoint,
+    InvalidEnqueue,
+    InvalidTransition,
+    WebhookNotFound,
+)
 from notifyq._http.auth import tenant_for, token_tenants
 from notifyq._http.problems import problem
 from notifyq._http.schemas import Text, responses_for
@@ -37,8 +44,14 @@ from notifyq._webhooks.endpoints import (
     MAX_SECRET_LEN,
     MAX_URL_LENGTH,
 )
+from notifyq._webhooks.portal import MAX_LINK_TTL_S, MIN_LINK_TTL_S
 from notifyq._webhooks.rows import Message
-from notifyq._webhooks.service import MAX_REPLAY, WebhookMessage
+from notifyq._webhooks.service import (
+    MAX_PAYLOAD_RETENTION_S,
+    MAX_REPLAY,
+    OPERATOR_EVENT_KINDS,
+    WebhookMessage,
+)
 
 MESSAGE_ID = r"^[A-Za-z0-9_-]{1,64}$"
 Header = dict[Annotated[str, Field(max_length=MAX_HEADER_NAME_LEN)],
@@ -51,6 +64,8 @@ Tenants = Annotated[list[str] | None, Depends(token_tenants)]
 TenantId = Annotated[Text, Field(min_length=1, max_length=512)]
 RateLimit = Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT, strict=True, description=(
     "deliveries per second at most, across all workers; null: unlimited"))]
+ORDERED = ("one delivery at a time, in send order, each after the one before succeeded or was "
+           "given up (POST /v1/webhooks/messages/{id}/give-up)")
 
 
 
@@ -70,6 +85,7 @@ class EndpointIn(_In):
     tenant_id: TenantId | None = Field(None, description=(
         "the tenant it belongs to, for good; a token limited to one tenant sets its own"))
     rate_limit: RateLimit | None = None
+    ordered: bool = Field(False, description=ORDERED)
 
 
 class EndpointPatch(_In):
@@ -80,6 +96,7 @@ class EndpointPatch(_In):
     enabled: bool | None = None
     rate_limit: RateLimit | None = Field(None, description=(
         "deliveries per second at most; null: unlimited; absent: unchanged"))
+    ordered: bool | None = Field(None, description=ORDERED)
 
 
 class CircuitOut(BaseModel):
@@ -106,6 +123,7 @@ class EndpointOut(BaseModel):
     tenant_id: str | None = None
     rate_limit: int | None = Field(None, description="deliveries per second at most; null: "
                                                      "unlimited")
+    ordered: bool = Field(False, description=ORDERED)
     circuit: CircuitOut
     secret: str | None = Field(None, description="only in the answer to create and "
                                                  "rotate-secret: store it now")
@@ -137,6 +155,9 @@ class MessageIn(_In):
     endpoint_id: UUID | None = None
     idempotency_key: Annotated[Text, Field(min_length=1,
                                            max_length=MAX_IDEMPOTENCY_KEY_LEN)] | None = None
+    payload_retention_s: Annotated[float, Field(gt=0, le=MAX_PAYLOAD_RETENTION_S)] | None = Field(
+        None, description="drop this message's payload this long after it is sent (default: "
+                          "webhooks.payload_retention_s)")
 
 
 class MessageOut(BaseModel):
@@ -160,10 +181,23 @@ class ResendIn(_In):
     endpoint_id: UUID | None = None
 
 
+class GiveUpIn(_In):
+    endpoint_id: UUID
+    reason: Annotated[Text, Field(min_length=1, max_length=MAX_DESCRIPTION_LEN)] = (
+        "given up by hand")
+
+
+class GiveUpOut(BaseModel):
+    message_id: str
+    endpoint_id: UUID
+    run_id: UUID = Field(description="the delivery's run, now canceled")
+
+
 def _endpoint_field(message: str) -> str:
     head = message.split(":", 1)[0]
     return head if head in ("url", "headers", "event_types", "secret", "grace_s", "schema",
-                            "description", "endpoint", "limit", "rate_limit") else "body"
+                            "description", "endpoint", "limit", "reason", "ttl_s",
+                            "tenant_id", "rate_limit") else "body"
 
 
 async def _answer(call: Callable[[], Awaitable[Any]]) -> Any:
@@ -177,6 +211,8 @@ async def _answer(call: Callable[[], Awaitable[Any]]) -> Any:
         return problem(422, str(exc), field="body")
     except ConfigError as exc:
         return problem(409, str(exc), field="keys")
+    except InvalidTransition as exc:
+        return problem(409, str(exc), field="id")
 
 
 async def _endpoint_in(app: App, endpoint_id: UUID, tenants: list[str] | None) -> None:
@@ -204,6 +240,94 @@ def add_webhook_routes(router: APIRouter, app: App, read: list[Any], admin: list
     _add_endpoint_routes(router, app, read, admin)
     _add_message_routes(router, app, read, admin)
     _add_event_type_routes(router, app, read, admin_all)
+    _add_portal_routes(router, app, admin)
+    _add_operator_event_routes(router, app, read)
+
+
+class PortalLinkIn(_In):
+    tenant_id: TenantId | None = Field(None, description=(
+        "the tenant whose endpoints the link opens; a token limited to one tenant may leave "
+        "it out"))
+    ttl_s: Annotated[float, Field(ge=MIN_LINK_TTL_S, le=MAX_LINK_TTL_S)] | None = Field(
+        None, description="seconds the link stays valid (default webhooks.portal_link_ttl_s)")
+    read_only: bool = Field(False, description="the customer sees, but changes nothing")
+
+
+class PortalLinkOut(BaseModel):
+    url: str = Field(description="opens the customer portal once; the code is in the fragment "
+                                 "(never sent to a server, so in no log)")
+    tenant_id: str
+    read_only: bool
+    expires_at: datetime
+
+
+def _add_portal_routes(router: APIRouter, app: App, admin: list[Any]) -> None:
+    @router.post("/portal/links", dependencies=admin, status_code=201,
+                 response_model=PortalLinkOut, responses=responses_for(409, 422, 401, 403),
+                 tags=["webhooks"],
+                 summary="Mint a one-time, short-lived sign-in link to the customer portal "
+                         "for one tenant")
+    async def mint_portal_link(body: PortalLinkIn, tenants: Tenants, request: Request) -> Any:
+        tenant_id = tenant_for(body.tenant_id, tenants)
+        if tenant_id is None:
+            return problem(422, "tenant_id: required (the portal shows one tenant's "
+                           "endpoints)", field="tenant_id")
+
+        async def go() -> Any:
+            link = await app.webhooks.portal.mint(
+                tenant_id, ttl_s=body.ttl_s, read_only=body.read_only,
+                base_url=app.settings.webhooks.portal_url or str(request.base_url))
+            return JSONResponse(link.to_json(), status_code=201)
+        return await _answer(go)
+
+
+
+OperatorEventKind = Literal["endpoint.disabled", "endpoint.circuit_opened",
+                            "endpoint.circuit_closed", "endpoint.failing", "retention.purged"]
+assert set(get_args(OperatorEventKind)) == set(OPERATOR_EVENT_KINDS)  # noqa: S101
+
+
+class OperatorEventOut(BaseModel):
+    id: int
+    kind: OperatorEventKind
+    endpoint_id: UUID | None
+    tenant_id: str | None
+    detail: dict[str, Any] = Field(description=(
+        "endpoint.disabled: reason, cause (gone, failing, operator), failing_since; "
+        "endpoint.circuit_opened: open_until, consecutive_failures, failing_since; "
+        "endpoint.circuit_closed: cause (success, enabled), failing_since; endpoint.failing: "
+        "failing_since, failing_for_s, consecutive_failures; retention.purged: runs_deleted, "
+        "signals_expired and the retentions"))
+    created_at: datetime
+    emitted_at: datetime | None = Field(description="when the leader logged, counted and sent "
+                                        "it; null: within webhooks.operator_events_interval_s")
+    message_id: str | None = Field(description="the message it was sent as to "
+                                   "webhooks.operator_endpoint_id; null: none configured")
+
+
+class OperatorEventList(BaseModel):
+    items: list[OperatorEventOut]
+    next_cursor: int | None
+
+
+def _add_operator_event_routes(router: APIRouter, app: App, read: list[Any]) -> None:
+    @router.get("/webhooks/operator-events", dependencies=read,
+                response_model=OperatorEventList, responses=responses_for(422, 401, 403),
+                tags=["webhooks"],
+                summary="Operator events, newest first: endpoints disabled, circuits opened "
+                        "and closed, endpoints failing for long, purge passes")
+    async def list_operator_events(
+        tenants: Tenants,
+        kind: OperatorEventKind | None = None,
+        endpoint_id: UUID | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        cursor: Annotated[int | None, Query(ge=1)] = None,
+    ) -> Any:
+        rows = await app.webhooks.operator_events(kind=kind, endpoint_id=endpoint_id,
+                                                  before=cursor, limit=limit,
+                                                  tenant_ids=tenants)
+        return {"items": [_plain(r) for r in rows],
+                "next_cursor": rows[-1]["id"] if len(rows) == limit else None}
 
 
 class EventTypeIn(_In):
@@ -276,7 +400,7 @@ def _add_endpoint_routes(router: APIRouter, app: App, read: list[Any],
             endpoint = await app.webhooks.create_endpoint(
                 body.url, description=body.description, event_types=body.event_types,
                 headers=body.headers, secret=body.secret, enabled=body.enabled,
-                tenant_id=tenant_id, rate_limit=body.rate_limit)
+                tenant_id=tenant_id, rate_limit=body.rate_limit, ordered=body.ordered)
             return JSONResponse(endpoint.to_json(), status_code=201)
         return await _answer(go)
 
@@ -324,6 +448,8 @@ def _add_endpoint_routes(router: APIRouter, app: App, read: list[Any],
             for field in ("event_types", "rate_limit"):  # null means something: sent as is
                 if field in given:
                     changes[field] = getattr(body, field)
+            if body.ordered is not None:
+                changes["ordered"] = body.ordered
             endpoint = await app.webhooks.update_endpoint(id, **changes)
             if body.enabled is True:
                 endpoint = await app.webhooks.enable_endpoint(id)
@@ -423,7 +549,8 @@ def _add_message_routes(router: APIRouter, app: App, read: list[Any],
                 await _endpoint_in(app, body.endpoint_id, tenants)
             sent = await app.webhooks.send(body.event_type, body.payload,
                                     endpoint_id=body.endpoint_id,
-                                    idempotency_key=body.idempotency_key)
+                                    idempotency_key=body.idempotency_key,
+                                    payload_retention_s=body.payload_retention_s)
             return JSONResponse(sent.to_json(), status_code=201 if sent.created else 200)
         return await _answer(go)
 
@@ -445,7 +572,9 @@ def _add_message_routes(router: APIRouter, app: App, read: list[Any],
                     await _endpoint_in(app, endpoint_id, tenants)  # type: ignore[arg-type]
             sent = await app.webhooks.send_many([
                 WebhookMessage(m.event_type, m.payload, endpoint_id=m.endpoint_id,
-                               idempotency_key=m.idempotency_key) for m in body.messages])
+                               idempotency_key=m.idempotency_key,
+                               payload_retention_s=m.payload_retention_s)
+                for m in body.messages])
             return {"items": [s.to_json() for s in sent]}
         return await _answer(go)
 
@@ -470,7 +599,7 @@ def _add_message_routes(router: APIRouter, app: App, read: list[Any],
         return await _answer(go)
 
     @router.post("/webhooks/messages/{id}/resend", dependencies=admin, status_code=202,
-                 responses=responses_for(404, 422, *auth), tags=["webhooks"],
+                 responses=responses_for(404, 409, 422, *auth), tags=["webhooks"],
                  summary="A manual attempt (no retries) to every endpoint of the message, or "
                          "one")
     async def resend(id: Annotated[str, PathParam(pattern=MESSAGE_ID)], tenants: Tenants,
@@ -479,6 +608,21 @@ def _add_message_routes(router: APIRouter, app: App, read: list[Any],
             await _message_in(app, id, tenants)
             rows = await app.webhooks.resend(id, endpoint_id=(body or ResendIn()).endpoint_id)
             return JSONResponse({"items": [_plain(r) for r in rows]}, status_code=202)
+        return await _answer(go)
+
+    @router.post("/webhooks/messages/{id}/give-up", dependencies=admin,
+                 response_model=GiveUpOut, responses=responses_for(404, 409, 422, *auth),
+                 tags=["webhooks"],
+                 summary="Give up the message's pending delivery to one endpoint (it fails, its "
+                         "run is canceled): an ordered endpoint's next message goes")
+    async def give_up(id: Annotated[str, PathParam(pattern=MESSAGE_ID)], body: GiveUpIn,
+                      tenants: Tenants) -> Any:
+        async def go() -> Any:
+            await _message_in(app, id, tenants)
+            await _endpoint_in(app, body.endpoint_id, tenants)
+            run_id = await app.webhooks.give_up(id, body.endpoint_id, reason=body.reason)
+            return {"message_id": id, "endpoint_id": str(body.endpoint_id),
+                    "run_id": str(run_id)}
         return await _answer(go)
 
 

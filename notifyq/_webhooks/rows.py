@@ -23,6 +23,11 @@ class MessageRow(TypedDict):
     endpoint_id: UUID | None
     idempotency_key: str | None
     created_at: datetime
+    payload_retain_until: datetime | None
+    """When this message's payload is dropped, if it was given a retention of its own (else
+    ``webhooks.payload_retention_s`` after ``created_at``)."""
+    payload_dropped_at: datetime | None
+    """When retention dropped the payload (``body`` is then empty); None while it is kept."""
 
 
 class DeliveryRow(TypedDict):

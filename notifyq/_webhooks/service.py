@@ -29,7 +29,13 @@ from psycopg.types.json import Jsonb
 from notifyq._crypto.keyring import Keyring
 from notifyq._enqueue.refusals import translate_db_error, translated_errors
 from notifyq._enqueue.validate import jsonb_problem
-from notifyq._errors import ConfigError, InvalidEndpoint, InvalidEnqueue, WebhookNotFound
+from notifyq._errors import (
+    ConfigError,
+    InvalidEndpoint,
+    InvalidEnqueue,
+    InvalidTransition,
+    WebhookNotFound,
+)
 from notifyq._keys.columns import EncryptedColumn, EncryptedColumns
 from notifyq._run import Run
 from notifyq._runtime import Runtime
@@ -38,6 +44,7 @@ from notifyq._webhooks import endpoints as checks
 from notifyq._webhooks import headers as sealed
 from notifyq._webhooks.catalog import MAX_SCHEMA_BYTES, Catalog, EventType, check_schema
 from notifyq._webhooks.endpoints import Endpoint
+from notifyq._webhooks.portal import Portal
 from notifyq._webhooks.rows import (
     Attempt,
     Message,
@@ -93,6 +100,7 @@ class WebhookMessage:
     payload: dict[str, Any] | list[Any]
     endpoint_id: UUID | str | None = None
     idempotency_key: str | None = None
+    payload_retention_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +116,10 @@ class Replayed:
         return {"count": self.count, "more": self.more, "items": [
             {"message_id": r["message_id"], "run_id": str(r["run_id"])} for r in self.items]}
 
+
+OPERATOR_EVENT_KINDS = ("endpoint.disabled", "endpoint.circuit_opened", "endpoint.circuit_closed",
+                        "endpoint.failing", "retention.purged")
+"""What :meth:`Webhooks.operator_events` lists (notifyq/_maintenance/announcer.py emits them)."""
 
 MAX_REPLAY = 100_000
 """The most messages one replay_missing call sends."""
@@ -126,6 +138,8 @@ class Webhooks:
             f"{runtime.settings.schema_name}.{ENDPOINT_TABLE}", pk="id", column=sealed.COLUMN,
             builtin=True)
         self._catalog = Catalog(self.event_types)
+        self.portal = Portal(runtime)
+        """The customer portal's one-time sign-in links and sessions (``portal.mint``)."""
 
     @property
     def settings(self) -> WebhookSettings:
@@ -155,13 +169,14 @@ class Webhooks:
                               event_types: list[str] | None = None,
                               headers: dict[str, str] | None = None, secret: str | None = None,
                               enabled: bool = True, tenant_id: str | None = None,
-                              rate_limit: int | None = None,
+                              rate_limit: int | None = None, ordered: bool = False,
                               conn: AnyConn | None = None) -> Endpoint:
         """Create an endpoint; the returned one carries ``secret`` (generated unless given),
         the only time it is shown. ``event_types`` None subscribes to every type. ``tenant_id``
         is the tenant it belongs to, for good (tokens limited to other tenants never see it).
         ``rate_limit``: at most this many deliveries per second, across all workers (None:
-        unlimited)."""
+        unlimited). ``ordered``: one delivery at a time, in send order (see
+        :meth:`update_endpoint`)."""
         url = checks.check_url(url, self.settings)
         rate_limit = checks.check_rate_limit(rate_limit)
         headers = checks.check_headers(headers)
@@ -176,6 +191,8 @@ class Webhooks:
                 "headers": Jsonb({}), "enabled": enabled, "now": self._now(),
                 "tenant_id": tenant_id, "rate_limit": rate_limit})
             assert row is not None  # noqa: S101 - INSERT ... RETURNING
+            if ordered:
+                row = await self._order(c, row["id"], ordered=True)
             if headers:
                 row = await self._seal_headers(c, keyring, row["id"],
                                                sealed.keep_masked(headers, {}))
@@ -267,9 +284,17 @@ class Webhooks:
                               event_types: list[str] | object | None = ...,
                               headers: dict[str, str] | None = None,
                               rate_limit: int | object | None = ...,
+                              ordered: bool | None = None,
                               conn: AnyConn | None = None) -> Endpoint:
         """Change what is given (``event_types=None`` means every type, ``rate_limit=None``
-        unlimited; leave either out to keep it)."""
+        unlimited; leave either out to keep it).
+
+        ``ordered=True``: from the next claim on, at most one delivery to the endpoint is in
+        flight, and its pending deliveries go in send order, each only after the one before
+        succeeded or was given up (a failing one holds the rest back while it is retried;
+        :meth:`give_up` lets them go). Deliveries already in flight finish as they are.
+        ``ordered=False`` lets its share adapt again and releases a delivery held at the
+        head."""
         set_types = event_types is not ...
         set_rate = rate_limit is not ...
         rate = checks.check_rate_limit(rate_limit) if set_rate else None  # type: ignore[arg-type]
@@ -285,6 +310,9 @@ class Webhooks:
         given = checks.check_headers(headers) if headers is not None else None
         async with self._conn(conn) as c, c.transaction():
             updated = await self._write(self._rt.queries.webhook_endpoint_update, params, c)
+            if ordered is not None:
+                row = await self._order(c, endpoint, ordered=bool(ordered))
+                updated = Endpoint.from_row({**row, "valid_secrets": updated.valid_secrets})
             if given is None:
                 return updated
             keyring = await self._keyring()
@@ -292,6 +320,26 @@ class Webhooks:
             row = await self._seal_headers(c, keyring, endpoint,
                                            sealed.keep_masked(given, stored))
         return Endpoint.from_row({**row, "valid_secrets": updated.valid_secrets})
+
+    async def _order(self, conn: AnyConn, endpoint_id: UUID, *,
+                     ordered: bool) -> dict[str, Any]:
+        """Marks the endpoint (un)ordered. An ordered endpoint's key is pinned to one delivery
+        at a time (the adaptive share leaves it alone); an unordered one's pin goes and a
+        delivery held at its head is released."""
+        q = self._rt.queries
+        row = await self._one(conn, q.webhook_endpoint_set_ordered, {
+            "id": endpoint_id, "ordered": ordered, "now": self._now()})
+        if row is None:
+            raise WebhookNotFound(f"no webhook endpoint {endpoint_id}")
+        key = ENDPOINT_KEY.format(endpoint_id=endpoint_id)
+        if ordered:
+            await conn.execute(q.key_concurrency_pin, {"key": key, "limit": 1,
+                                                       "now": self._now()})
+        else:
+            await conn.execute(q.key_concurrency_unpin, {"key": key})
+            await conn.execute(q.webhook_delivery_release_places, {"key": key,
+                                                                   "now": self._now()})
+        return row
 
     async def disable_endpoint(self, endpoint_id: UUID | str, reason: str = "disabled by hand",
                                *, conn: AnyConn | None = None) -> Endpoint:
@@ -356,10 +404,14 @@ class Webhooks:
 
     async def send(self, event_type: str, payload: dict[str, Any] | list[Any], *,
                    endpoint_id: UUID | str | None = None, idempotency_key: str | None = None,
+                   payload_retention_s: float | None = None,
                    conn: AnyConn | None = None) -> SentMessage:
         """Send ``payload`` (the exact JSON body, as PostgreSQL's jsonb prints it) to
         ``endpoint_id``, or to every enabled endpoint subscribed to ``event_type``: one
-        ``webhook.deliver`` run each. With ``conn``, inside the caller's transaction."""
+        ``webhook.deliver`` run each. With ``conn``, inside the caller's transaction.
+        ``payload_retention_s``: drop this message's payload that long after it is sent
+        instead of after ``webhooks.payload_retention_s``."""
+        _check_retention(payload_retention_s)
         await self._catalog.check_messages(
             [(event_type, payload)], allow_unknown=self.settings.allow_unknown_event_types,
             numbered=False)
@@ -370,11 +422,24 @@ class Webhooks:
         # single send about 0.1 ms).
         with translated_errors():
             async with (self._rt.warm_connection() if conn is None
-                        else self._conn(conn)) as c:
+                        else self._conn(conn)) as c, self._atomic_if(c, payload_retention_s):
                 # (message_id, created, deliveries): SentMessage's fields in order
                 (sent,) = await self._all(c, self._rt.queries.webhook_message_send, params,
                                           args_row(SentMessage))
+                await self._retain(c, [sent], payload_retention_s)
         return sent
+
+    def _atomic_if(self, conn: AnyConn,
+                   retention_s: float | None) -> AbstractAsyncContextManager[Any]:
+        """A send with a retention of its own is two statements: one transaction."""
+        return nullcontext() if retention_s is None else self._atomic(conn)
+
+    async def _retain(self, conn: AnyConn, sent: Sequence[SentMessage],
+                      retention_s: float | None) -> None:
+        ids = [s.id for s in sent if s.created]
+        if retention_s is not None and ids:
+            await conn.execute(self._rt.queries.webhook_message_retain_until,
+                               {"ids": ids, "retention_s": retention_s})
 
     async def send_many(self, messages: Sequence[WebhookMessage | tuple[str, Any]], *,
                         conn: AnyConn | None = None) -> list[SentMessage]:
@@ -384,6 +449,8 @@ class Webhooks:
         ``(event_type, payload)`` pair; the answer is in the same order. A message that
         :meth:`send` would refuse refuses the batch, naming its position (from 1)."""
         items = [m if isinstance(m, WebhookMessage) else WebhookMessage(*m) for m in messages]
+        for m in items:
+            _check_retention(m.payload_retention_s)
         texts = [_payload_text(m.payload, where=f"message {n}: ")
                  for n, m in enumerate(items, 1)]
         await self._catalog.check_messages(
@@ -396,6 +463,9 @@ class Webhooks:
                     chunk = items[start:start + SEND_MANY_CHUNK]
                     sent += await self._send_chunk(c, chunk, texts[start:start + len(chunk)],
                                                    first=start + 1)
+                for retention in {m.payload_retention_s for m in items} - {None}:
+                    await self._retain(c, [s for s, m in zip(sent, items, strict=True)
+                                           if m.payload_retention_s == retention], retention)
         return sent
 
     @staticmethod
@@ -523,6 +593,32 @@ class Webhooks:
         return [{**r, "window_s": window_s, "success_rate":
                  r["succeeded"] / r["attempts"] if r["attempts"] else None} for r in rows]
 
+    async def operator_events(self, *, kind: str | None = None,
+                              endpoint_id: UUID | str | None = None, before: int | None = None,
+                              limit: int = 50, tenant_ids: list[str] | None = None,
+                              conn: AnyConn | None = None) -> list[dict[str, Any]]:
+        """Operator events, newest first (``before``: the last id of the previous page): an
+        endpoint disabled, its circuit opened or closed, failing for
+        ``webhooks.failing_alert_after_s``, a purge pass. Each has ``id``, ``kind``,
+        ``endpoint_id``, ``tenant_id``, ``detail``, ``created_at``, ``emitted_at`` (None until
+        the leader logged and sent it) and ``message_id`` (the message it was sent to the
+        operator's endpoint as). ``tenant_ids``: only events about those tenants' endpoints.
+
+        Example::
+
+            for event in await app.webhooks.operator_events(kind="endpoint.disabled"):
+                print(event["endpoint_id"], event["detail"]["reason"])
+        """
+        if kind is not None and kind not in OPERATOR_EVENT_KINDS:
+            raise InvalidEndpoint(f"kind: one of {', '.join(OPERATOR_EVENT_KINDS)}, got "
+                                  f"{kind!r}")
+        if not 1 <= limit <= 1000:
+            raise InvalidEndpoint(f"limit: between 1 and 1000, got {limit}")
+        async with self._conn(conn) as c:
+            return await self._all(c, self._rt.queries.operator_event_list, {
+                "kind": kind, "before": before, "limit": limit, "tenant_ids": tenant_ids,
+                "endpoint_id": None if endpoint_id is None else _uuid(endpoint_id)}, dict_row)
+
     async def tries(self, runs: Sequence[Run], *,
                     conn: AnyConn | None = None) -> dict[UUID, tuple[int, int]]:
         """:func:`delivery_tries` of ``runs``."""
@@ -531,8 +627,16 @@ class Webhooks:
     async def resend(self, message_id: str, *, endpoint_id: UUID | str | None = None,
                      conn: AnyConn | None = None) -> list[Resent]:
         """A manual attempt (its own run, no retries on failure) per delivery of the message,
-        or to one endpoint. Returns ``[{"endpoint_id", "run_id"}]``."""
+        or to one endpoint. Returns ``[{"endpoint_id", "run_id"}]``. A message whose payload
+        was dropped by retention is refused (InvalidTransition): there is nothing to send."""
         async with self._conn(conn) as c:
+            found = await self._all(c, self._rt.queries.webhook_message_get,
+                                    {"id": message_id}, message_row)
+            if found and found[0]["payload_dropped_at"] is not None:
+                raise InvalidTransition(
+                    f"webhook message {message_id} cannot be resent: its payload was dropped "
+                    f"at {found[0]['payload_dropped_at'].isoformat()} by its retention "
+                    "(webhooks.payload_retention_s)")
             rows = await self._all(c, self._rt.queries.webhook_delivery_resend, {
                 "message_id": message_id,
                 "endpoint_id": _uuid(endpoint_id) if endpoint_id is not None else None},
@@ -541,6 +645,36 @@ class Webhooks:
             raise WebhookNotFound(f"no delivery of webhook message {message_id}"
                                   + (f" to endpoint {endpoint_id}" if endpoint_id else ""))
         return rows
+
+    async def give_up(self, message_id: str, endpoint_id: UUID | str, *,
+                      reason: str = "given up by hand",
+                      conn: AnyConn | None = None) -> UUID:
+        """Give up the message's pending delivery to the endpoint while it waits for its next
+        attempt: the delivery fails with ``reason`` (``recover`` can start it again) and its run
+        is canceled; an ordered endpoint's next message goes at once. Returns the canceled
+        run's id. InvalidTransition when the delivery is not pending or is being attempted
+        right now (try again when the attempt is over)."""
+        endpoint = _uuid(endpoint_id)
+        if not reason or len(reason) > checks.MAX_DESCRIPTION_LEN:
+            raise InvalidEndpoint(f"reason: 1 to {checks.MAX_DESCRIPTION_LEN} characters")
+        q = self._rt.queries
+        async with self._conn(conn) as c:
+            row = await self._one(c, q.webhook_delivery_give_up, {
+                "message_id": message_id, "endpoint_id": endpoint, "reason": reason,
+                "now": self._now(), "channel": q.schema})
+        if row is not None:
+            return UUID(str(row["run_id"]))
+        deliveries = [d for d in (await self.message(message_id, conn=conn))["deliveries"]
+                      if d["endpoint_id"] == endpoint]
+        if not deliveries:
+            raise WebhookNotFound(f"no delivery of webhook message {message_id} to endpoint "
+                                  f"{endpoint}")
+        status = deliveries[0]["status"]
+        if status != "pending":
+            raise InvalidTransition(f"the delivery of {message_id} to endpoint {endpoint} is "
+                                    f"{status}: only a pending one can be given up")
+        raise InvalidTransition(f"the delivery of {message_id} to endpoint {endpoint} is being "
+                                "attempted now: give it up when the attempt is over")
 
     async def recover(self, endpoint_id: UUID | str, since: datetime, *, limit: int = 10_000,
                       conn: AnyConn | None = None) -> list[Recovered]:
@@ -599,6 +733,16 @@ def _payload_text(payload: Any, *, where: str = "") -> str:
     return text
 
 
+MAX_PAYLOAD_RETENTION_S = 100 * 365 * 86_400.0
+"""The longest payload retention a message may ask for (100 years)."""
+
+
+def _check_retention(retention_s: float | None) -> None:
+    if retention_s is not None and not 0 < retention_s <= MAX_PAYLOAD_RETENTION_S:
+        raise InvalidEnqueue(f"payload_retention_s must be more than 0 and at most "
+                             f"{MAX_PAYLOAD_RETENTION_S:.0f} s (100 years), got {retention_s}")
+
+
 def _sent_row(ord: int, message_id: str, created: bool, deliveries: int) -> SentMessage:
     return SentMessage(message_id, created, deliveries)
 
@@ -617,7 +761,7 @@ def _row_of(endpoint: Endpoint) -> dict[str, Any]:
             "failing_since": endpoint.failing_since, "created_at": endpoint.created_at,
             "updated_at": endpoint.updated_at, "valid_secrets": endpoint.valid_secrets,
             "consecutive_failures": endpoint.consecutive_failures,
-            "circuit_open_until": endpoint.circuit_open_until}
+            "circuit_open_until": endpoint.circuit_open_until, "ordered": endpoint.ordered}
 
 
 def _uuid(value: UUID | str) -> UUID:

@@ -13,9 +13,11 @@ multiplicative decrease, from each batch of recorded attempts:
 - an endpoint starts at ``webhooks.endpoint_concurrency``.
 
 The receiver's other answers (a 500, a 404) say nothing about its load and change nothing; nor
-do manual resends. The statement goes out only when a share may change: this process remembers
-for ``REMEMBER_S`` which endpoints it last saw at the top or the bottom (another worker may have
-moved them since), so a fast endpoint at its ceiling costs nothing per batch.
+do manual resends. A pinned key (an ordered endpoint's 1, migration 0029) is never resized:
+the statement leaves it alone. The statement goes out only when a share may change: this
+process remembers for ``REMEMBER_S`` which endpoints it last saw at the top or the bottom
+(another worker may have moved them since), so a fast endpoint at its ceiling costs nothing
+per batch.
 """
 
 from __future__ import annotations

@@ -269,3 +269,14 @@ def test_read_no_jit_switches_jit_off_for_the_transaction_only(db: Conn, q: Quer
     assert db.execute("SHOW jit").fetchone() != {"jit": "off"} or (
         db.execute("SELECT boot_val FROM pg_settings WHERE name = 'jit'").fetchone()
         == {"boot_val": "off"})
+
+
+def test_count_timeout_stops_a_statement_of_this_transaction_only(db: Conn, q: Queries) -> None:
+    import psycopg
+
+    with db.transaction():
+        db.execute(q.job_run_count_timeout, {"ms": "50ms"})
+        assert db.execute("SHOW statement_timeout").fetchone() == {"statement_timeout": "50ms"}
+        with pytest.raises(psycopg.errors.QueryCanceled), db.transaction():
+            db.execute("SELECT pg_sleep(2)")
+    assert db.execute("SHOW statement_timeout").fetchone() != {"statement_timeout": "50ms"}

@@ -51,7 +51,10 @@ async def test_migrate_applies_everything_then_is_a_no_op(empty: AConn) -> None:
     applied = await migrations.migrate(empty, "notifyq")
     shipped = migrations.available()
     assert [m.version for m in applied] == [m.version for m in shipped]
-    assert [m.version for m in shipped] == list(range(1, len(shipped) + 1))
+    # Numbered in order, each once; branches built in parallel may leave gaps between them.
+    versions = [m.version for m in shipped]
+    assert versions == sorted(set(versions))
+    assert versions[0] == 1
     assert {"job", "job_run", "job_step", "job_signal", "leader", "periodic_tick",
             "schema_migration"} <= await _tables(empty)
     assert await migrations.migrate(empty, "notifyq") == []

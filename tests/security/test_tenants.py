@@ -294,3 +294,23 @@ def test_a_batch_of_messages_is_sent_all_or_nothing_and_a_tenant_only_to_its_end
         assert [(i["created"], i["deliveries"]) for i in by_type.json()["items"]] == [(True, 2)]
     counts = sql.execute("SELECT count(*) FROM notifyq.webhook_message").fetchone()
     assert counts == (4,)  # three of a's and the admin's by event type; nothing refused was
+
+
+def test_a_tenant_token_lists_only_the_operator_events_about_its_tenants_endpoints(
+        served: Served, sql: Sql) -> None:
+    with served.client(ADMIN) as admin:
+        ids = {t: admin.post("/v1/webhooks/endpoints", json={"url": URL, "tenant_id": t}
+                             ).json()["id"] for t in ("a", "b")}
+    sql.execute("UPDATE notifyq.webhook_endpoint SET disabled_at = now(), "
+                "disabled_reason = 'moving hosts'")  # the trigger records one event each
+    sql.execute("INSERT INTO notifyq.operator_event (kind) VALUES ('retention.purged')")
+    with served.client(TENANT_A_READ) as http:
+        mine = http.get("/v1/webhooks/operator-events").json()["items"]
+        assert [(e["kind"], e["endpoint_id"], e["tenant_id"]) for e in mine] == [
+            ("endpoint.disabled", ids["a"], "a")]
+        assert http.get("/v1/webhooks/operator-events",
+                        params={"endpoint_id": ids["b"]}).json()["items"] == []
+    with served.client(ADMIN) as admin:
+        every = admin.get("/v1/webhooks/operator-events", params={"limit": 2}).json()
+    assert [e["kind"] for e in every["items"]] == ["retention.purged", "endpoint.disabled"]
+    assert every["next_cursor"] == every["items"][-1]["id"]

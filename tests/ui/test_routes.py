@@ -302,6 +302,12 @@ def test_webhook_pages_show_health_and_act(served: Served, sql: Conn, admin: Das
     disabled = admin.post(f"/ui/webhooks/endpoints/{endpoint['id']}/disable", {"confirm": "yes"})
     assert disabled.status_code == 303
     assert "disabled" in admin.get(disabled.headers["location"]).text
+
+    def announced() -> None:  # the leader's announcer, within its interval (5 s)
+        events = admin.get("/ui/webhooks").text.split('id="operator-events"')[1]
+        assert "endpoint.disabled" in events
+        assert "cause: operator" in events
+    wait_until(announced, timeout=20)
     rotated = admin.post(f"/ui/webhooks/endpoints/{endpoint['id']}/rotate")
     assert rotated.status_code == 303
     assert reader.get(rotated.headers["location"]).text.count("whsec_") == 0  # not theirs
@@ -312,6 +318,24 @@ def test_webhook_pages_show_health_and_act(served: Served, sql: Conn, admin: Das
     assert secret[1] not in admin.get(rotated.headers["location"]).text
     assert secret[1] not in (served.log_path.read_text())
     assert reader.post(f"/ui/webhooks/endpoints/{endpoint['id']}/enable").status_code == 403
+
+
+def test_a_message_whose_payload_was_dropped_says_so_and_cannot_be_resent(
+        served: Served, sql: Conn, admin: Dashboard) -> None:
+    with served.client() as http:
+        http.post("/v1/webhooks/endpoints", json={"url": "http://127.0.0.1:9/hook"})
+        message = http.post("/v1/webhooks/messages", json={
+            "event_type": "invoice.paid", "payload": {"secret_number": 4417}}).json()
+    wait_until(lambda: _attempted(sql), timeout=20)
+    sql.execute("UPDATE notifyq.webhook_message SET body = '', payload_dropped_at = now()")
+    page = admin.get(f"/ui/webhooks/messages/{message['id']}").text
+    assert 'id="payload-dropped"' in page
+    assert "4417" not in page
+    assert ">Resend</button>" not in page
+    assert "connect" in page  # the attempts are still listed
+    refused = admin.post(f"/ui/webhooks/messages/{message['id']}/resend")
+    assert refused.status_code == 409
+    assert "its payload was dropped" in refused.text
 
 
 def _attempted(sql: Conn) -> None:

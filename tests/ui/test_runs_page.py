@@ -13,7 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.integration.serving import Served
+from tests.integration.serving import ADMIN, Served
+from tests.ui.dashboard import Dashboard
 from tests.ui.test_browser import APP, LOOPBACK, _page, _shot, _sign_in
 from tests.vault import keys_env
 
@@ -148,9 +149,9 @@ def test_state_tabs_count_what_sql_counts_and_list_exactly_those_runs(
     page = _page(browser, served)
     _sign_in(page)
     page.goto("/ui/runs?pool=idle")
-    page.screenshot(path=str(screenshots / "runs-desktop.png"))  # docs/img/dashboard-runs.png
     every = _ids(sql, "pool = 'idle'")
-    assert _tab_count(page, "all") == len(every)
+    assert _tab_count(page, "all") == len(every)  # the counts come after the list
+    page.screenshot(path=str(screenshots / "runs-desktop.png"))  # docs/img/dashboard-runs.png
     assert page.locator('nav.states a[aria-current="page"]').get_attribute("data-state") == "all"
     assert page.locator("#matching").inner_text() == f"{len(every)} matching"
     for state, where in STATE_SQL.items():
@@ -182,6 +183,29 @@ def test_the_tabs_are_a_partition_and_tell_when_a_count_stops_at_its_cap(
     page.goto("/ui/runs?pool=idle&status=pending")
     assert page.locator('nav.states a[data-state="pending"] .count').inner_text() == "10,000+"
     assert page.locator("#matching").inner_text().startswith("10,000 or more matching")
+
+
+def test_the_counts_come_after_the_list_and_one_that_reads_too_long_is_not_known(
+        served: Served, sql: Conn, dsn: str) -> None:
+    _seeded(sql)
+    with Dashboard(served) as dashboard:
+        assert dashboard.sign_in(ADMIN).status_code == 303
+        page = dashboard.get("/ui/runs?pool=idle")
+        assert page.status_code == 200
+        assert 'class="count' not in page.text  # the list does not wait for the counts
+        assert 'hx-get="/ui/runs/counts?pool=idle"' in page.text
+        counted = dashboard.get("/ui/runs/counts?pool=idle")
+        assert re.search(r'data-state="all">all <span class="count">(\d+)</span>',
+                         counted.text)
+        assert "matching" in counted.text
+        assert "Not counted" not in counted.text
+        # Every run locked away: each count is stopped within its budget, not waited for.
+        with psycopg.connect(dsn) as locker:
+            locker.execute("LOCK TABLE notifyq.job_run IN ACCESS EXCLUSIVE MODE")
+            stopped = dashboard.get("/ui/runs/counts?pool=idle")
+    assert stopped.status_code == 200, stopped.text
+    assert stopped.text.count('class="count unknown"') == len(STATE_SQL) + 1  # and "all"
+    assert "Not counted" in stopped.text
 
 
 def test_select_all_ticks_every_run_of_the_page_for_a_bulk_action(
