@@ -6,8 +6,8 @@ import base64
 import json
 import os
 from pathlib import Path
-from uuid import UUID
 from typing import Any
+from uuid import UUID
 
 import pytest
 from pydantic import BaseModel, SecretStr
