@@ -169,7 +169,7 @@ async def test_the_migration_keeps_every_existing_attempt(empty_dsn: str, q: Que
                             "ORDER BY id").fetchall()
         assert len(before) == 4
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
-        assert [m.version for m in await migrations.migrate(conn, "notifyq")][-1] == 31
+        assert 31 in [m.version for m in await migrations.migrate(conn, "notifyq")]
     with psycopg.connect(empty_dsn, autocommit=True, row_factory=dict_row) as db:
         after = db.execute("SELECT id, created_at, status_code FROM notifyq.webhook_attempt "
                            "ORDER BY id").fetchall()

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 from pydantic import BaseModel, SecretStr
@@ -32,6 +33,9 @@ VALUES: dict[str, tuple[str, Any]] = {
     "webhooks.enabled": ("false", False),  # true needs a keyring
     "keys": (f"1:{KEY}",) * 2,
     "active_key_version": ("1", 1),
+    "webhooks.portal_url": ("https://hooks.example.com",) * 2,
+    "webhooks.operator_endpoint_id": ("0193a2f0-7c1e-7a3b-9d2e-3c9e3db5a1f0",
+                                      UUID("0193a2f0-7c1e-7a3b-9d2e-3c9e3db5a1f0")),
 }
 # Settings that only load together with another one.
 COMPANIONS = {"keys": {"NOTIFYQ_ACTIVE_KEY_VERSION": "1"},
