@@ -18,7 +18,8 @@ RETURNING tenant_id, read_only
 
 -- name: portal_link_purge
 -- Links and sessions expired for a day (a day kept: "used" or "expired" stays checkable for a
--- while); run when a link is minted, so the tables stay as small as their live rows.
+-- while); run when a link is minted and by the purger's tick, so the tables stay as small as
+-- their live rows.
 WITH links AS (
     DELETE FROM {schema}.portal_link
     WHERE expires_at < coalesce(%(now)s::timestamptz, now()) - interval '1 day'

@@ -41,6 +41,9 @@ class Purger:
                 if batch < self.config.batch_size:
                     await conn.execute(self._q.periodic_tick_prune, {"now": self._clock.db_now()})
                     await conn.execute(self._q.rate_window_prune, {"now": self._clock.db_now()})
+                    # The customer portal's links and sessions expired a day ago (minting a
+                    # link prunes them too; a portal nobody mints for any more still empties).
+                    await conn.execute(self._q.portal_link_purge, {"now": self._clock.db_now()})
             deleted += batch
             if batch < self.config.batch_size:
                 break

@@ -30,3 +30,19 @@ async def test_a_purger_tick_expires_unreceived_signals_and_applies_late_definit
     assert await purger.run_once() == {"deleted": 0, "signals_expired": 1,
                                        "defaults_applied": 0}
     assert await scalar(app, "SELECT count(*) FROM notifyq.job_signal") == 0
+
+
+async def test_a_purger_tick_deletes_portal_links_and_sessions_expired_a_day_ago(app: App) -> None:
+    await fetch(app, "INSERT INTO notifyq.portal_link (code_hash, tenant_id, expires_at) "
+                     "VALUES (sha256('old'), 'acme', now() - interval '25 hours'), "
+                     "(sha256('new'), 'acme', now() + interval '10 minutes') RETURNING 1")
+    await fetch(app, "INSERT INTO notifyq.portal_session (cookie_hash, tenant_id, expires_at) "
+                     "VALUES (sha256('old'), 'acme', now() - interval '25 hours'), "
+                     "(sha256('new'), 'acme', now() + interval '1 hour') RETURNING 1")
+    purger = Purger(await app.pool(), app._runtime.queries, ManualClock(datetime.now(UTC)),
+                    app.settings.purger)
+    await purger.run_once()
+    for table in ("portal_link", "portal_session"):
+        assert await scalar(app, f"SELECT count(*) FROM notifyq.{table}") == 1, table
+        assert await scalar(app, f"SELECT count(*) FROM notifyq.{table} "
+                                 "WHERE expires_at > now()") == 1, table
