@@ -122,6 +122,10 @@ class Peer:
     async def enqueue(self, i: int) -> None:
         raise NotImplementedError
 
+    async def enqueue_from(self, callers: int) -> None:
+        """Called before an ``enqueue_N`` cell: a peer whose documented single-caller path
+        differs from its concurrent one (pgqueuer: one connection, or a pool) switches here."""
+
     async def enqueue_many(self, ids: list[int]) -> None:
         raise NotImplementedError
 
@@ -167,6 +171,7 @@ async def _rate(n: int, go: Callable[[], Awaitable[Any]]) -> float:
 
 async def cell_enqueue(peer: Peer, sizes: Sizes, callers: int) -> float:
     each = sizes.enqueue_n // callers
+    await peer.enqueue_from(callers)
 
     async def caller(base: int, count: int) -> None:
         for k in range(count):

@@ -3,9 +3,10 @@
 Used as its documentation shows: an asyncpg connection wrapped in ``AsyncpgDriver``; the schema
 installed with ``Queries(driver).install()``; a ``QueueManager(Queries(driver))`` with an
 ``@qm.entrypoint("noop")`` async handler; ``Queries.enqueue(entrypoint, payload)`` to enqueue one
-and the same call with lists for bulk (the client side on an ``AsyncpgPoolDriver`` so 8 callers
-can enqueue concurrently); ``qm.run(...)`` as the worker, ``mode=drain`` (its documented burst
-mode) for the drain.
+(``enqueue_1`` on its quick start's single connection, ``Queries(AsyncpgDriver(conn))``;
+``enqueue_8`` on an ``AsyncpgPoolDriver``, since the single connection's driver lock would
+serialize 8 callers) and the same call with lists for bulk (on the pool); ``qm.run(...)`` as
+the worker, ``mode=drain`` (its documented burst mode) for the drain.
 
 Concurrency 10: pgqueuer has no single "concurrency" knob; ``max_concurrent_tasks`` is the hard
 cap on a worker's in-flight jobs and must be at least twice ``batch_size``, so the worker runs
@@ -43,6 +44,8 @@ class PgQueuerPeer(Peer):
         self._worker: asyncio.Task[None] | None = None
         self._qm: QueueManager | None = None
         self._conn: asyncpg.Connection | None = None
+        self._single: asyncpg.Connection | None = None
+        self._pooled: Queries | None = None
 
     def meta(self) -> dict[str, Any]:
         return {"version": metadata.version("pgqueuer"),
@@ -56,7 +59,15 @@ class PgQueuerPeer(Peer):
 
     async def open_client(self) -> None:
         self.pool = await asyncpg.create_pool(self.dsn)
-        self.client = Queries(AsyncpgPoolDriver(self.pool))
+        self.client = self._pooled = Queries(AsyncpgPoolDriver(self.pool))
+
+    async def enqueue_from(self, callers: int) -> None:
+        if callers > 1:
+            self.client = self._pooled
+            return
+        if self._single is None:
+            self._single = await asyncpg.connect(self.dsn)
+        self.client = Queries(AsyncpgDriver(self._single))
 
     async def setup(self) -> None:
         conn = await asyncpg.connect(self.dsn)
@@ -68,6 +79,8 @@ class PgQueuerPeer(Peer):
 
     async def close(self) -> None:
         await self.stop_worker()
+        if self._single is not None:
+            await self._single.close()
         if self.pool is not None:
             await self.pool.close()
 
@@ -81,8 +94,8 @@ class PgQueuerPeer(Peer):
         await self.client.enqueue("noop", str(i).encode())
 
     async def enqueue_many(self, ids: list[int]) -> None:
-        assert self.client is not None
-        await self.client.enqueue(["noop"] * len(ids), [str(i).encode() for i in ids],
+        assert self._pooled is not None
+        await self._pooled.enqueue(["noop"] * len(ids), [str(i).encode() for i in ids],
                                   [0] * len(ids))
 
     async def _make_qm(self) -> QueueManager:
