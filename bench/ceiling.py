@@ -8,6 +8,7 @@ for each table layout, at batch 10 and 100.
 
     bench/ceiling.py                      # every design, batch 10 and 100 (~6 min)
     bench/ceiling.py --design wide --design narrow-delete --seconds 5 --clients 2
+    bench/ceiling.py --design wide --design bare --clients 1 --enqueue-only   # one enqueuer
 
 Designs (each a fresh database, `nqceil_<design>`, dropped afterwards):
 
@@ -316,9 +317,11 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--enqueue-only", action="store_true",
+                        help="only the enqueue cells (with --clients 1: one enqueuer's floor)")
     args = parser.parse_args()
     designs = args.design or list(DESIGNS)
-    batches = args.batch or [10, 100]
+    batches = [] if args.enqueue_only else args.batch or [10, 100]
     report: dict[str, dict[str, object]] = {}
     for design in designs:
         row: dict[str, object] = {}
@@ -333,8 +336,8 @@ def main() -> int:
         print(json.dumps({"load_average_end": os.getloadavg(), "clients": args.clients,
                           "seconds": args.seconds, "designs": report}, indent=2))
         return 0
-    head = "| design | " + " | ".join(f"claim+finish, batch {b}" for b in batches)
-    print(head + " | enqueue 1/tx | enqueue 1,000/stmt |")
+    head = "".join(f" claim+finish, batch {b} |" for b in batches)
+    print(f"| design |{head} enqueue 1/tx | enqueue 1,000/stmt |")
     print("|---" * (len(batches) + 3) + "|")
     for design, row in report.items():
         cells = []
@@ -344,8 +347,8 @@ def main() -> int:
             cells.append(f"{m['runs_per_s']:,.0f}/s ({m['server_us_per_run']:.0f} µs)")
         e = row["enqueue"]
         assert isinstance(e, dict)
-        print(f"| {design} | " + " | ".join(cells)
-              + f" | {e['single_per_s']:,.0f}/s | {e['bulk_rows_per_s']:,.0f}/s |")
+        print(f"| {design} |" + "".join(f" {c} |" for c in cells)
+              + f" {e['single_per_s']:,.0f}/s | {e['bulk_rows_per_s']:,.0f}/s |")
     print(f"\n{args.clients} pgbench clients, {args.seconds:g} s per cell, load average at the end "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
