@@ -3,6 +3,7 @@
 
     PYTHONPATH=. python3 bench/send_many.py                    # 10,000 messages x 5 rounds
     PYTHONPATH=. python3 bench/send_many.py --batch 1000 --messages 10000 --rounds 7 --json
+    PYTHONPATH=/work/main python3 bench/send_many.py --path statement --rounds 1   # a baseline
 
 A fresh database with one endpoint subscribed to the event type (bench/webhooks.py's send_many
 cell: payloads ``{"i": n, "note": 200 x "x"}``, one delivery each), no worker. Each round sends
@@ -76,10 +77,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         batches = [payloads[s:s + args.batch] for s in range(0, args.messages, args.batch)]
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             pid = conn.info.backend_pid
-            for copy in (False, True):  # warm-up
+            paths = {"both": (False, True), "statement": (False,), "copy": (True,)}[args.path]
+            for copy in paths:  # warm-up
                 await timed(app, conn, pid, batches[:1], copy=copy)
             for _ in range(args.rounds):
-                for copy in (False, True):
+                for copy in paths:
                     load = os.getloadavg()[0]
                     result = await timed(app, conn, pid, batches, copy=copy)
                     rounds.append({"path": "copy" if copy else "statement", "load": load,
@@ -97,6 +99,8 @@ def render(report: dict[str, Any]) -> str:
                      f"  server {r['server_us']:5.1f} us a message  (load {r['load']:.1f})")
     for path in ("statement", "copy"):
         mine = [r for r in report["rounds"] if r["path"] == path]
+        if not mine:
+            continue
         rates = [r["per_s"] for r in mine]
         lines.append(f"{path}: median {statistics.median(rates):,.0f}/s "
                      f"({min(rates):,.0f}-{max(rates):,.0f}); client "
@@ -110,6 +114,8 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--path", choices=["both", "statement", "copy"], default="both",
+                        help="statement only: also what a checkout without COPY runs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     report = anyio.run(run, args)

@@ -19,9 +19,10 @@ COPY {schema}.webhook_delivery (message_id, endpoint_id, run_id) FROM STDIN
 -- name: webhook_delivery_copy_runs
 -- send_many by COPY: the deliveries' runs, with every column _send_webhooks_rows sets (the
 -- column order is notifyq/_webhooks/fanout.py's); the others take their defaults as there.
+-- Keyed by endpoint even without a definition, `defaulted` 8 then (as migration 0038).
 COPY {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at, max_attempts,
                        timeout_s, tags, trigger_source, trigger_ref, scope_entity_type,
-                       concurrency_key, concurrency_limit) FROM STDIN
+                       concurrency_key, concurrency_limit, defaulted) FROM STDIN
 
 -- name: webhook_delivery_list
 -- A message's deliveries. A pending one has its next attempt (its run's run_at) and, while its

@@ -13,11 +13,12 @@ the batch's order (and by endpoint id within a message), as the function draws t
 Every value is the function's: the body is the payload as jsonb prints it (keys by length then
 bytes; a payload whose keys are already in that order is sent as encoded), a run's run_at is
 ``greatest(now(), circuit_open_until)``, and its concurrency key is the endpoint's, which this
-path sets even when no worker has registered ``webhook.deliver`` yet (its limit then
-``webhooks.endpoint_concurrency``, what the worker will register). A batch this path cannot write
-identically returns None having written nothing, and goes to the statement: one the function
-would refuse (it then names the message), a payload with a non-string key or a float that jsonb
-prints otherwise, a definition with a concurrency key template of its own.
+path sets even when no worker has registered ``webhook.deliver`` yet, as migration 0038 (branch
+``keyless``) has the functions do: a share of 1 until the definition gives its own (``defaulted``
+bit 8). A batch this path cannot write identically returns None having written nothing, and goes
+to the statement: one the function would refuse (it then names the message), a payload with a
+non-string key or a float that jsonb prints otherwise, a definition with a key template of its
+own.
 
 Why (bench/RESULTS.md, "send_many by COPY"): the statement spent most of its ~52 us a message
 on the jsonb round trip of the payload, its CTEs and sorts, and the deliveries' two foreign-key
@@ -49,6 +50,8 @@ MAX_BODY_BYTES = 262_144
 """The largest payload ``_send_webhook`` accepts, as jsonb prints it."""
 POOL = "webhooks"
 DELIVER = "webhook.deliver"
+DEFAULTED_LIMIT = 8
+"""``job_run.defaulted``'s bit for a concurrency limit the definition gives later (0038)."""
 
 Sent = tuple[str, bool, int]
 """A message's answer: (id, created, deliveries), SentMessage's fields in order."""
@@ -66,11 +69,10 @@ class Outgoing:
 
 
 async def copy_messages(conn: psycopg.AsyncConnection[Any], queries: Queries, batch: Outgoing,
-                        *, key_template: str, default_limit: int) -> list[Sent] | None:
+                        *, key_template: str) -> list[Sent] | None:
     """Write ``batch`` as ``webhook_message_send_many`` would and return its answers, or None,
     having written nothing, when the statement must write it. ``key_template``: the delivery
-    runs' concurrency key (``webhook:{endpoint_id}``); ``default_limit``: its limit when no
-    definition gives one."""
+    runs' concurrency key (``webhook:{endpoint_id}``)."""
     bodies = jsonb_bodies(batch.payloads, batch.texts)
     if bodies is None or not _acceptable(batch, bodies):
         return None
@@ -81,7 +83,7 @@ async def copy_messages(conn: psycopg.AsyncConnection[Any], queries: Queries, ba
             "event_types": sorted(set(batch.event_types)),
             "endpoint_ids": sorted({e for e in batch.endpoint_ids if e is not None})})
         rows = await cur.fetchall()
-        targets = _Targets.of(rows, key_template=key_template, default_limit=default_limit)
+        targets = _Targets.of(rows, key_template=key_template)
         if targets is None or not targets.has_all(batch.endpoint_ids):
             return None
         plan = _Plan(batch, bodies, known, targets)
@@ -214,15 +216,15 @@ class _Targets:
     """A run's columns from job_type to the start of its message id in ``input``."""
 
     @classmethod
-    def of(cls, rows: Sequence[dict[str, Any]], *, key_template: str,
-           default_limit: int) -> _Targets | None:
+    def of(cls, rows: Sequence[dict[str, Any]], *, key_template: str) -> _Targets | None:
         d = rows[0]
         template = d["concurrency_key_template"]
         if template is not None and template != key_template:
             return None  # a template of its own: _expand_template, in SQL only
-        limit = d["concurrency_limit"]
-        if limit is None:
-            limit = 1 if template is not None else default_limit
+        # Without a definition: a share of 1 and `defaulted` bit 8 (migration 0038), so that
+        # job_run_apply_definitions gives the runs the definition's share once a worker starts.
+        limit = 1 if d["concurrency_limit"] is None else d["concurrency_limit"]
+        defaulted = COPY_NULL if d["defined"] else str(DEFAULTED_LIMIT)
         version = 1 if d["version"] is None else d["version"]
         priority = 0 if d["priority_default"] is None else d["priority_default"]
         timeout = COPY_NULL if d["timeout_s"] is None else repr(float(d["timeout_s"]))
@@ -237,7 +239,8 @@ class _Targets:
                 None if r["event_types"] is None else frozenset(r["event_types"]),
                 f'", "endpoint_id": "{eid}"}}\t{POOL}\t{priority}\t{r["run_at"].isoformat()}'
                 f"\t100\t{timeout}\t{{}}\tevent\t",
-                f"\t{scope}\t{copy_text(key_template.format(endpoint_id=eid))}\t{limit}\n")
+                f"\t{scope}\t{copy_text(key_template.format(endpoint_id=eid))}\t{limit}"
+                f"\t{defaulted}\n")
         return cls(endpoints, f'\t{DELIVER}\t{version}\t{{"message_id": "')
 
     def has_all(self, endpoint_ids: list[UUID | None]) -> bool:

@@ -486,8 +486,7 @@ class Webhooks:
         when the statement must send it."""
         if len(batch.texts) < COPY_MIN_MESSAGES:
             return None
-        sent = await copy_messages(conn, self._rt.queries, batch, key_template=ENDPOINT_KEY,
-                                   default_limit=self.settings.endpoint_concurrency)
+        sent = await copy_messages(conn, self._rt.queries, batch, key_template=ENDPOINT_KEY)
         return None if sent is None else [SentMessage(*s) for s in sent]
 
     async def _send_chunk(self, conn: AnyConn, batch: Outgoing,

@@ -220,7 +220,7 @@ def test_send_many_by_copy_reads_its_fan_out_once_then_copies_the_rows(db: Conn,
             with cur.copy(q.webhook_delivery_copy_runs) as copy:
                 copy.write(f'{run_id}\twebhook.deliver\t1\t{{"message_id": "msg_1", '
                            f'"endpoint_id": "{everything}"}}\twebhooks\t0\t{T0.isoformat()}'
-                           f"\t100\t\\N\t{{}}\tevent\tmsg_1\t\\N\twebhook:{everything}\t5\n")
+                           f"\t100\t\\N\t{{}}\tevent\tmsg_1\t\\N\twebhook:{everything}\t5\t\\N\n")
             with cur.copy(q.webhook_delivery_copy) as copy:
                 copy.write(f"msg_1\t{everything}\t{run_id}\n")
     assert locks == {"n": 2}
