@@ -11,6 +11,19 @@ SELECT r.run_at AS next_attempt_at,
 FROM {schema}.job_run r
 WHERE d.status = 'pending' AND r.id = d.run_id AND r.status = 'pending'
 
+-- name: webhook_delivery_copy
+-- send_many by COPY (notifyq/_webhooks/fanout.py), last of its three COPYs: one row per delivery,
+-- after its message and its run.
+COPY {schema}.webhook_delivery (message_id, endpoint_id, run_id) FROM STDIN
+
+-- name: webhook_delivery_copy_runs
+-- send_many by COPY: the deliveries' runs, with every column _send_webhooks_rows sets (the
+-- column order is notifyq/_webhooks/fanout.py's); the others take their defaults as there.
+-- Keyed by endpoint even without a definition, `defaulted` 8 then (as migration 0038).
+COPY {schema}.job_run (id, job_type, job_version, input, pool, priority, run_at, max_attempts,
+                       timeout_s, tags, trigger_source, trigger_ref, scope_entity_type,
+                       concurrency_key, concurrency_limit, defaulted) FROM STDIN
+
 -- name: webhook_delivery_list
 -- A message's deliveries. A pending one has its next attempt (its run's run_at) and, while its
 -- endpoint's circuit is open, `held_until` (the fragment webhook_delivery_next).

@@ -1,5 +1,23 @@
 -- Named queries of webhook endpoints (notifyq.webhooks); their secrets are in webhook_secret.sql.
 
+-- name: webhook_endpoint_fan_out
+-- send_many by COPY (notifyq/_webhooks/fanout.py): what _send_webhooks_rows joins, read once for
+-- the batch: the statement's now(), the webhook.deliver definition (all NULL without one), and
+-- one row per endpoint a message of the batch may go to (enabled and subscribed to one of
+-- `event_types` or to every type) or names (`endpoint_ids`, enabled or not: a missing one is
+-- refused), by id; e.id NULL when there is none. `run_at`: as the function computes it.
+SELECT now() AS now, d.type IS NOT NULL AS defined, d.version, d.priority_default, d.timeout_s,
+       d.scope_entity_type, d.concurrency_key_template, d.concurrency_limit,
+       e.id, e.event_types, e.disabled_at IS NULL AS enabled,
+       greatest(now(), e.circuit_open_until) AS run_at
+FROM (SELECT) one
+LEFT JOIN {schema}.job d ON d.type = 'webhook.deliver'
+LEFT JOIN {schema}.webhook_endpoint e
+       ON (e.disabled_at IS NULL
+           AND (e.event_types IS NULL OR e.event_types && %(event_types)s::text[]))
+       OR e.id = ANY (%(endpoint_ids)s::uuid[])
+ORDER BY e.id
+
 -- name: webhook_endpoint_insert
 INSERT INTO {schema}.webhook_endpoint (url, description, event_types, headers, disabled_at,
                                        disabled_reason, created_at, updated_at, tenant_id,

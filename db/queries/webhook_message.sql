@@ -13,6 +13,29 @@ SELECT ord, message_id, created, deliveries
 FROM {schema}._send_webhooks(%(event_types)s::text[], %(payloads)s::text[],
                              %(endpoint_ids)s::uuid[], %(idempotency_keys)s::text[])
 
+-- name: webhook_message_lock_keys
+-- send_many by COPY (notifyq/_webhooks/fanout.py), first statement when the batch has
+-- idempotency keys: the locks _send_webhooks takes, in the same order (so both paths and `send`
+-- serialize on a key). A statement of its own: the next one must see what a sender holding a
+-- lock committed before releasing it.
+SELECT pg_advisory_xact_lock(hashtext('notifyq.webhook'), hashtext(x.key))
+FROM (SELECT DISTINCT key FROM unnest(%(keys)s::text[]) AS key
+      WHERE key IS NOT NULL ORDER BY key) x
+
+-- name: webhook_message_by_keys
+-- send_many by COPY, after webhook_message_lock_keys: the messages sent before under the batch's
+-- idempotency keys, each with its deliveries counted (what _send_webhooks answers for them).
+SELECT m.idempotency_key AS key, m.id,
+       (SELECT count(*)::integer FROM {schema}.webhook_delivery d
+        WHERE d.message_id = m.id) AS deliveries
+FROM {schema}.webhook_message m
+WHERE m.idempotency_key = ANY (%(keys)s::text[])
+
+-- name: webhook_message_copy
+-- send_many by COPY: the new messages, bodies as jsonb prints them (the column order is
+-- notifyq/_webhooks/fanout.py's).
+COPY {schema}.webhook_message (id, event_type, body, endpoint_id, idempotency_key) FROM STDIN
+
 -- name: webhook_message_get
 SELECT * FROM {schema}.webhook_message WHERE id = %(id)s
 

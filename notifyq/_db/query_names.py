@@ -186,6 +186,8 @@ class QueryNames:
     webhook_attempt_purge_default: LiteralString
 
     # db/queries/webhook_delivery.sql
+    webhook_delivery_copy: LiteralString
+    webhook_delivery_copy_runs: LiteralString
     webhook_delivery_list: LiteralString
     webhook_delivery_load_many: LiteralString
     webhook_delivery_skip: LiteralString
@@ -202,6 +204,7 @@ class QueryNames:
     webhook_delivery_give_up: LiteralString
 
     # db/queries/webhook_endpoint.sql
+    webhook_endpoint_fan_out: LiteralString
     webhook_endpoint_insert: LiteralString
     webhook_endpoint_seal_headers: LiteralString
     webhook_endpoint_list_unsealed: LiteralString
@@ -226,6 +229,9 @@ class QueryNames:
     # db/queries/webhook_message.sql
     webhook_message_send: LiteralString
     webhook_message_send_many: LiteralString
+    webhook_message_lock_keys: LiteralString
+    webhook_message_by_keys: LiteralString
+    webhook_message_copy: LiteralString
     webhook_message_get: LiteralString
     webhook_message_in_tenants: LiteralString
     webhook_message_list: LiteralString

@@ -58,7 +58,7 @@ FIRST_CHUNK_RUNS = 100
 while Python validates it)."""
 
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-_NULL = "\\N"
+COPY_NULL = "\\N"
 # An input needs only its backslashes doubled: the JSON encoder escapes every control character
 # (tab, newline and CR included) inside strings, so none is left raw for COPY to take.
 _BACKSLASH, _BACKSLASH_2 = "\\", "\\\\"
@@ -101,7 +101,7 @@ class _Rows:
     def __init__(self, defaults: Sequence[Mapping[str, Any]], trace_context: str | None) -> None:
         self.now: datetime = defaults[0]["now"]
         self._stored = {d["type"]: d for d in defaults}
-        self._trace = _NULL if trace_context is None else _copy_text(trace_context)
+        self._trace = COPY_NULL if trace_context is None else copy_text(trace_context)
         self._fixed: dict[Shape, _Fixed] = {}
         self._tails: dict[Shape, str] = {}
 
@@ -147,11 +147,11 @@ class _Fixed:
     def of(cls, shape: Shape, stored: Mapping[str, Any]) -> _Fixed:
         job_type, pool, priority, max_attempts, timeout_s = applied(shape, stored)
         version = 1 if stored["version"] is None else stored["version"]
-        head = "\t".join((job_type, str(version), _copy_text(pool), str(priority),
-                          str(max_attempts), _NULL if timeout_s is None else repr(timeout_s)))
+        head = "\t".join((job_type, str(version), copy_text(pool), str(priority),
+                          str(max_attempts), COPY_NULL if timeout_s is None else repr(timeout_s)))
         # For a type no worker has registered, as job_run_insert_bulk records it: which of the
         # three its definition may fill in later (job_run_apply_definitions).
-        defaulted = _NULL if stored["known"] else str(
+        defaulted = COPY_NULL if stored["known"] else str(
             (shape[1] is None) + 2 * (shape[2] is None) + 4 * (shape[3] is None))
         return cls(head, stored["scope_entity_type"], defaulted)
 
@@ -162,7 +162,7 @@ class _Fixed:
         return (f"{run_id.int:032x}\t{text.replace(_BACKSLASH, _BACKSLASH_2)}\t" + self.tail(
             r.scope_entity_type, (now if r.run_at is None else r.run_at).isoformat(),
             created_at=now.isoformat(),
-            tags="{}" if not r.tags else _copy_text(_array_literal(r.tags)),
+            tags="{}" if not r.tags else copy_text(_array_literal(r.tags)),
             scope_id=r.scope_entity_id, tenant_id=r.tenant_id, trace=trace))
 
     def tail(self, scope_type: str | None, run_at: str, *, created_at: str, tags: str,
@@ -170,14 +170,14 @@ class _Fixed:
         """A row's columns after the input, in job_run_copy's order (the one place it is
         written in Python): ``tags`` and ``trace`` already COPY text."""
         scope_type = self.scope_type if scope_type is None else scope_type
-        return (f"{self.head}\t{_copy_text(scope_type)}\t{self.defaulted}\t{run_at}\t"
-                f"{created_at}\t{tags}\t{_copy_text(scope_id)}\t{_copy_text(tenant_id)}\t"
+        return (f"{self.head}\t{copy_text(scope_type)}\t{self.defaulted}\t{run_at}\t"
+                f"{created_at}\t{tags}\t{copy_text(scope_id)}\t{copy_text(tenant_id)}\t"
                 f"{trace}\n")
 
 
-def _copy_text(value: str | None) -> str:
-    """A text column in COPY's text format."""
-    return _NULL if value is None else value.translate(_COPY_ESCAPES)
+def copy_text(value: str | None) -> str:
+    """A text column in COPY's text format (None: NULL)."""
+    return COPY_NULL if value is None else value.translate(_COPY_ESCAPES)
 
 
 def _array_literal(values: Sequence[str]) -> str:

@@ -92,9 +92,15 @@ def jsonb_growth(value: Any, text: str) -> int:
     Only floats print differently: one in exponent form in full (Python's ``1e+300``, 6 bytes,
     is 301 digits in jsonb; ``5e-324`` 326 bytes), and ``-0.0`` as ``0.0``. Such inputs are
     rare: the common case costs three substring tests."""
-    if ("e+" in text or "e-" in text or "-0.0" in text) and _GROWS.search(text) is not None:
+    if floats_print_differently(text):
         return _float_growth(value)
     return 0
+
+
+def floats_print_differently(text: str) -> bool:
+    """Whether ``text`` (the encoder's JSON) may hold a float that jsonb prints otherwise (see
+    :func:`jsonb_growth`); True also for such text inside a string, which is rare."""
+    return ("e+" in text or "e-" in text or "-0.0" in text) and _GROWS.search(text) is not None
 
 
 _GROWS = re.compile(r"\de[+-]\d|-0\.0\b")

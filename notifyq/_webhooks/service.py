@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 
 from notifyq._crypto.keyring import Keyring
 from notifyq._enqueue.refusals import translate_db_error, translated_errors
-from notifyq._enqueue.validate import jsonb_problem
+from notifyq._enqueue.validate import input_encoder, jsonb_problem
 from notifyq._errors import (
     ConfigError,
     InvalidEndpoint,
@@ -44,6 +44,7 @@ from notifyq._webhooks import endpoints as checks
 from notifyq._webhooks import headers as sealed
 from notifyq._webhooks.catalog import MAX_SCHEMA_BYTES, Catalog, EventType, check_schema
 from notifyq._webhooks.endpoints import Endpoint
+from notifyq._webhooks.fanout import COPY_MIN_MESSAGES, Outgoing, copy_messages
 from notifyq._webhooks.portal import Portal
 from notifyq._webhooks.rows import (
     Attempt,
@@ -125,7 +126,8 @@ MAX_REPLAY = 100_000
 """The most messages one replay_missing call sends."""
 
 SEND_MANY_CHUNK = 1000
-"""Messages per statement of send_many (one transaction for all of them)."""
+"""Messages per statement of send_many (one transaction for all of them), when a batch goes by
+the statement rather than by COPY (``fanout.COPY_MIN_MESSAGES``)."""
 
 
 class Webhooks:
@@ -444,25 +446,31 @@ class Webhooks:
     async def send_many(self, messages: Sequence[WebhookMessage | tuple[str, Any]], *,
                         conn: AnyConn | None = None) -> list[SentMessage]:
         """:meth:`send` for many messages at once, all or nothing: messages, their runs and
-        deliveries are written set-based (one statement per 1,000 messages, one transaction),
-        and the workers are woken once. Each item is a :class:`WebhookMessage` or an
-        ``(event_type, payload)`` pair; the answer is in the same order. A message that
-        :meth:`send` would refuse refuses the batch, naming its position (from 1)."""
+        deliveries are written set-based (by COPY from 300 messages on, else one statement
+        per 1,000 messages; one transaction), and the workers are woken once. Each item is a
+        :class:`WebhookMessage` or an ``(event_type, payload)`` pair; the answer is in the
+        same order. A message that :meth:`send` would refuse refuses the batch, naming its
+        position (from 1)."""
         items = [m if isinstance(m, WebhookMessage) else WebhookMessage(*m) for m in messages]
         for m in items:
             _check_retention(m.payload_retention_s)
-        texts = [_payload_text(m.payload, where=f"message {n}: ")
+        encode = input_encoder()
+        texts = [_payload_text(m.payload, where=f"message {n}: ", encode=encode)
                  for n, m in enumerate(items, 1)]
         await self._catalog.check_messages(
             [(m.event_type, m.payload) for m in items],
             allow_unknown=self.settings.allow_unknown_event_types, numbered=True)
-        sent: list[SentMessage] = []
+        batch = Outgoing(
+            [m.event_type for m in items], [m.payload for m in items], texts,
+            [_uuid(m.endpoint_id) if m.endpoint_id is not None else None for m in items],
+            [m.idempotency_key for m in items])
         with translated_errors():
             async with self._conn(conn) as c, self._atomic(c):
-                for start in range(0, len(items), SEND_MANY_CHUNK):
-                    chunk = items[start:start + SEND_MANY_CHUNK]
-                    sent += await self._send_chunk(c, chunk, texts[start:start + len(chunk)],
-                                                   first=start + 1)
+                sent = await self._send_copied(c, batch)
+                if sent is None:
+                    sent = []
+                    for start in range(0, len(items), SEND_MANY_CHUNK):
+                        sent += await self._send_chunk(c, batch, start)
                 for retention in {m.payload_retention_s for m in items} - {None}:
                     await self._retain(c, [s for s, m in zip(sent, items, strict=True)
                                            if m.payload_retention_s == retention], retention)
@@ -473,22 +481,32 @@ class Webhooks:
         """The caller's open transaction holds every statement; else one of our own."""
         return conn.transaction() if conn.autocommit else nullcontext()
 
-    async def _send_chunk(self, conn: AnyConn, chunk: list[WebhookMessage], texts: list[str],
-                          *, first: int) -> list[SentMessage]:
+    async def _send_copied(self, conn: AnyConn, batch: Outgoing) -> list[SentMessage] | None:
+        """A batch of COPY_MIN_MESSAGES or more by COPY (notifyq/_webhooks/fanout.py); None
+        when the statement must send it."""
+        if len(batch.texts) < COPY_MIN_MESSAGES:
+            return None
+        sent = await copy_messages(conn, self._rt.queries, batch, key_template=ENDPOINT_KEY)
+        return None if sent is None else [SentMessage(*s) for s in sent]
+
+    async def _send_chunk(self, conn: AnyConn, batch: Outgoing,
+                          start: int) -> list[SentMessage]:
+        """The batch's messages from ``start`` (from 0), SEND_MANY_CHUNK of them, in one
+        statement."""
+        end = start + SEND_MANY_CHUNK
         try:
             rows = await self._all(conn, self._rt.queries.webhook_message_send_many, {
-                "event_types": [m.event_type for m in chunk], "payloads": texts,
-                "endpoint_ids": [_uuid(m.endpoint_id) if m.endpoint_id is not None else None
-                                 for m in chunk],
-                "idempotency_keys": [m.idempotency_key for m in chunk]}, args_row(_sent_row))
+                "event_types": batch.event_types[start:end], "payloads": batch.texts[start:end],
+                "endpoint_ids": batch.endpoint_ids[start:end],
+                "idempotency_keys": batch.keys[start:end]}, args_row(_sent_row))
         except psycopg.DatabaseError as exc:
-            if first == 1:
+            if start == 0:
                 raise
             # The SQL function numbers the messages of its own statement: say where in the batch.
             translated = translate_db_error(exc)
             if not isinstance(translated, InvalidEnqueue):
                 raise
-            raise InvalidEnqueue(_renumbered(str(translated), first - 1)) from None
+            raise InvalidEnqueue(_renumbered(str(translated), start)) from None
         return rows
 
     # -- the event-type catalog ----------------------------------------------------------------
@@ -720,12 +738,17 @@ class Webhooks:
         return Replayed(len(rows), left["missing"] > 0, rows)
 
 
-def _payload_text(payload: Any, *, where: str = "") -> str:
-    """``payload`` as the JSON text PostgreSQL will store, or InvalidEnqueue."""
+def _payload_text(payload: Any, *, where: str = "",
+                  encode: Callable[[Any], str] | None = None) -> str:
+    """``payload`` as the JSON text PostgreSQL will store, or InvalidEnqueue. ``encode``:
+    a batch's :func:`input_encoder` (json.dumps builds an encoder at every call)."""
     try:
-        text = json.dumps(payload, ensure_ascii=False, allow_nan=False)
+        text = (json.dumps(payload, ensure_ascii=False, allow_nan=False) if encode is None
+                else encode(payload))
     except (TypeError, ValueError) as exc:
         raise InvalidEnqueue(f"{where}payload is not JSON-serializable: {exc}") from None
+    if text.isascii() and "\\u0000" not in text:  # the common case: nothing jsonb refuses
+        return text
     problem = jsonb_problem(text)
     if problem:
         raise InvalidEnqueue(f"{where}payload contains {problem}, which PostgreSQL's jsonb "

@@ -51,8 +51,10 @@ async def test_a_fan_out_whose_backend_is_killed_writes_nothing_and_its_retry_de
                 while time.monotonic() < deadline and not killed.is_set():
                     row = admin.execute(
                         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND state = 'active' AND query LIKE '%%_send_webhooks%%' "
-                        "AND pid <> pg_backend_pid()").fetchone()
+                        "AND state = 'active' AND pid <> pg_backend_pid() "
+                        # The batch goes by COPY (the statement below 300 messages).
+                        "AND (query LIKE 'COPY %%' OR query LIKE '%%_send_webhooks%%')"
+                        ).fetchone()
                     if row is not None:
                         time.sleep(0.05)  # well inside its statement
                         admin.execute("SELECT pg_terminate_backend(%s)", (row[0],))

@@ -192,6 +192,52 @@ def test_send_many_writes_a_batch_like_send_in_one_statement(db: Conn, q: Querie
         (f"webhook:{e}", 5) for e in sorted((everything, paid))]
 
 
+def test_send_many_by_copy_reads_its_fan_out_once_then_copies_the_rows(db: Conn,
+                                                                        q: Queries) -> None:
+    everything = _endpoint(db, q)
+    paid = _endpoint(db, q, event_types=["order.paid"])
+    _endpoint(db, q, event_types=["other"])
+    off = _endpoint(db, q, enabled=False)
+    [plain] = db.execute(q.webhook_endpoint_fan_out, {"event_types": ["x.y"],
+                                                      "endpoint_ids": []}).fetchall()
+    assert (plain["id"], plain["defined"], plain["concurrency_key_template"],
+            plain["enabled"], plain["run_at"] == plain["now"]) == (
+        everything, False, None, True, True)
+    rows = db.execute(q.webhook_endpoint_fan_out, {"event_types": ["order.paid"],
+                                                   "endpoint_ids": [off]}).fetchall()
+    assert [(r["id"], r["enabled"]) for r in rows] == sorted(
+        [(everything, True), (paid, True), (off, False)], key=lambda r: str(r[0]))
+    before = _send(db, q, "order.paid", key="k0")
+    with db.transaction():
+        db.execute(q.webhook_message_lock_keys, {"keys": ["k1", "k0", "k1"]})
+        locks = db.execute("SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' "
+                           "AND pid = pg_backend_pid()").fetchone()
+        known = db.execute(q.webhook_message_by_keys, {"keys": ["k0", "k1"]}).fetchall()
+        with db.cursor() as cur:
+            with cur.copy(q.webhook_message_copy) as copy:
+                copy.write('msg_1\tx.y\t{"n": 1}\t\\N\tk1\n')
+            run_id = uuid.uuid4()
+            with cur.copy(q.webhook_delivery_copy_runs) as copy:
+                copy.write(f'{run_id}\twebhook.deliver\t1\t{{"message_id": "msg_1", '
+                           f'"endpoint_id": "{everything}"}}\twebhooks\t0\t{T0.isoformat()}'
+                           f"\t100\t\\N\t{{}}\tevent\tmsg_1\t\\N\twebhook:{everything}\t5\t\\N\n")
+            with cur.copy(q.webhook_delivery_copy) as copy:
+                copy.write(f"msg_1\t{everything}\t{run_id}\n")
+    assert locks == {"n": 2}
+    assert [(k["key"], k["id"], k["deliveries"]) for k in known] == [
+        ("k0", before["message_id"], 2)]
+    [row] = db.execute("SELECT m.body, m.idempotency_key, d.status, r.input, r.pool, "
+                       "r.concurrency_key, r.trigger_source, r.trigger_ref, r.status AS run "
+                       "FROM notifyq.webhook_message m "
+                       "JOIN notifyq.webhook_delivery d ON d.message_id = m.id "
+                       "JOIN notifyq.job_run r ON r.id = d.run_id WHERE m.id = 'msg_1'"
+                       ).fetchall()
+    assert row == {"body": '{"n": 1}', "idempotency_key": "k1", "status": "pending",
+                   "input": {"message_id": "msg_1", "endpoint_id": str(everything)},
+                   "pool": "webhooks", "concurrency_key": f"webhook:{everything}",
+                   "trigger_source": "event", "trigger_ref": "msg_1", "run": "pending"}
+
+
 def test_load_reads_message_endpoint_delivery_and_valid_secrets_in_one_row(
         db: Conn, q: Queries) -> None:
     endpoint = _endpoint(db, q)
