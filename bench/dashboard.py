@@ -44,9 +44,16 @@ def _migrate(dsn: str) -> None:
 
 def _load(dsn: str, runs: int) -> None:
     _migrate(dsn)
-    script = (HERE / "dashboard_10m.sql").read_text().replace("10000000", str(runs))
-    subprocess.run(["psql", dsn, "-q", "-v", "ON_ERROR_STOP=1"], input=script.encode(),
-                   check=True)
+    load_runs(dsn, runs, live=min(50_000, runs // 200))
+
+
+def load_runs(dsn: str, runs: int, live: int, before: str = "0") -> None:
+    """``runs`` runs into job_run by bench/dashboard_10m.sql (its indexes dropped and built
+    again, VACUUM ANALYZE after): the newest ``live`` pending, running or waiting, every other
+    one finished, the newest created ``before`` (an interval) ago."""
+    subprocess.run(["psql", dsn, "-q", "-v", "ON_ERROR_STOP=1", "-v", f"runs={runs}",
+                    "-v", f"live={live}", "-v", f"before={before}",
+                    "-f", str(HERE / "dashboard_10m.sql")], check=True)
 
 
 def _pages(dsn: str, runs: int) -> dict[str, str]:

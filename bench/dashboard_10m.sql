@@ -1,6 +1,10 @@
--- The dashboard's 10-million-run table (bench/dashboard.py loads it into a scratch database).
-
--- 10 million runs over the last 7 days, newest at now(): ids are UUIDv7 of created_at.
+-- The dashboard's 10-million-run table (bench/dashboard.py loads it into a scratch database), and
+-- bench/history.py's finished runs. psql variables: `runs` (how many; 60.48 ms apart, so 10
+-- million span 7 days), `live` (how many of the newest are pending, running or waiting: 50000
+-- for the dashboard, 0 for history: every other run is finished), `before` (an interval: the
+-- newest run's age; history loads each increment before the runs already there).
+-- Ids are UUIDv7 of created_at.
+SET maintenance_work_mem = '1GB';
 CREATE TEMP TABLE saved_indexes AS
   SELECT indexname, indexdef FROM pg_indexes
   WHERE schemaname = 'notifyq' AND tablename = 'job_run' AND indexname <> 'job_run_pkey';
@@ -29,15 +33,15 @@ SELECT
   CASE WHEN s IN ('completed', 'failed', 'timed_out', 'canceled') THEN c + interval '2 s' END,
   c, c, CASE WHEN s NOT IN ('pending') THEN c + interval '50 ms' END
 FROM (
-  SELECT g, now() - (10000000 - g) * interval '60.48 ms' AS c,
-    CASE WHEN g > 9950000 AND g % 50 = 0 THEN 'running'
-         WHEN g > 9950000 AND g % 9 = 0 THEN 'waiting'
-         WHEN g > 9950000 THEN 'pending'
+  SELECT g, now() - :'before'::interval - (:runs - g) * interval '60.48 ms' AS c,
+    CASE WHEN g > :runs - :live AND g % 50 = 0 THEN 'running'
+         WHEN g > :runs - :live AND g % 9 = 0 THEN 'waiting'
+         WHEN g > :runs - :live THEN 'pending'
          WHEN g % 33 = 0 THEN 'failed'
          WHEN g % 101 = 0 THEN 'canceled'
          WHEN g % 199 = 0 THEN 'timed_out'
          ELSE 'completed' END AS s
-  FROM generate_series(1, 10000000) g
+  FROM generate_series(1, :runs) g
 ) x;
 ALTER TABLE notifyq.job_run ENABLE TRIGGER ALL;
 UPDATE notifyq.job_run SET run_at = '2999-12-31'::timestamptz, wait_kind = 'signal', wait_token = 'tok-' || id

@@ -65,5 +65,12 @@ RETURNING id
 -- session rules sequential scans out (`enable_seqscan` only adds a cost: a table with no
 -- usable index is still read), and its plans hold at any size
 -- (tests/db/test_job_run_queries.py plans them both ways).
+--
+-- And no JIT: a generic plan's estimated cost grows with the backlog analyzed when it was made,
+-- and JIT compiles a kept plan again at every execution. On 201,000 pending runs the claim's
+-- plan cost 173,717, over jit_above_cost (100,000): 46 functions compiled per claim, 172 ms a
+-- claim of one run against 0.3 ms without (2026-12-07, bench/RESULTS.md). This session's
+-- statements each touch a few dozen rows; none gains from JIT.
 SELECT set_config('plan_cache_mode', 'force_generic_plan', false),
-       set_config('enable_seqscan', 'off', false)
+       set_config('enable_seqscan', 'off', false),
+       set_config('jit', 'off', false)

@@ -442,6 +442,19 @@ def test_the_hot_plans_never_read_job_run_whole_at_any_size(
                 f"{read} has no index condition:\n{plan}")
 
 
+@pytest.mark.parametrize("name", CLAIMING)
+def test_the_completers_plans_never_compile_with_jit_whatever_their_cost(
+        db: Conn, q: Queries, name: str) -> None:
+    """A generic plan's estimated cost grows with the backlog analyzed when it was made: on
+    201,000 pending runs the claim's came to 173,717, above jit_above_cost (100,000), and JIT
+    compiled 46 functions at every execution of the kept plan: 172 ms a claim of one run,
+    0.3 ms without JIT (2026-12-07, bench/RESULTS.md). Here every plan counts as costly enough
+    (jit_above_cost 0), and the completer's session still plans none with JIT."""
+    db.execute("SET jit_above_cost = 0")
+    plan = generic_plan(db, getattr(q, name), session=q.worker_session_generic_plans)
+    assert "JIT:" not in plan, plan
+
+
 def _job_run_reads(plan: str) -> list[tuple[str, list[str]]]:
     """Each way an EXPLAIN text reads job_run, with the detail lines under it: its scan nodes,
     and for a bitmap heap scan of job_run the index scans under it (they carry the index and
