@@ -3,7 +3,7 @@
 
 -- name: key_concurrency_resize
 -- Adaptive shares (webhooks: one key per endpoint): per key, `overloaded` attempts halve its
--- limit once each (down to 1); none, it grows by one (up to `share_max`). A key without a row
+-- limit once each (down to 1); none, it grows by `grow` steps (up to `share_max`). A key without a row
 -- starts from `share_start`. Read and written in one statement; two workers resizing one key at
 -- once may each apply their change to the same old value (a share is a heuristic, not a count).
 -- A pinned key (0029: an ordered webhook endpoint's 1) is left as it is. Returns each key's limit
@@ -11,8 +11,10 @@
 WITH r AS (
     SELECT u.key, CASE WHEN u.overloaded > 0
                        THEN greatest(1, c.share >> least(u.overloaded, 30))
-                       ELSE least(%(share_max)s::integer, c.share + 1) END AS share
-    FROM unnest(%(keys)s::text[], %(overloaded)s::integer[]) AS u(key, overloaded)
+                       ELSE least(%(share_max)s::integer, c.share + greatest(u.grow, 1))
+                  END AS share
+    FROM unnest(%(keys)s::text[], %(overloaded)s::integer[], %(grow)s::integer[])
+         AS u(key, overloaded, grow)
     LEFT JOIN {schema}.key_concurrency k ON k.key = u.key
     CROSS JOIN LATERAL (SELECT coalesce(k.concurrency_limit, %(share_start)s::integer) AS share) c
     ORDER BY u.key

@@ -17,27 +17,35 @@ do manual resends. A pinned key (an ordered endpoint's 1, migration 0029) is nev
 the statement leaves it alone. The statement goes out only when a share may change: this
 process remembers for ``REMEMBER_S`` which endpoints it last saw at the top or the bottom
 (another worker may have moved them since), so a fast endpoint at its ceiling costs nothing
-per batch.
+per batch. Growing, an endpoint's share is written at most every ``GROW_EVERY_S`` by a
+process: the fast batches in between are added up and written at once, each still one step
+(overloads go out at once). At 20 endpoints the statement had followed about two record
+batches in three while the shares climbed from 5 to 100 (bench/RESULTS.md, 2026-12-07).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
 
 from notifyq._settings import WebhookSettings
 
 REMEMBER_S = 10.0
+GROW_EVERY_S = 0.25
 KEY_PREFIX = "webhook:"
 
 
 class Shares:
-    def __init__(self, settings: WebhookSettings) -> None:
+    def __init__(self, settings: WebhookSettings, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._settings = settings
+        self._clock = clock
         self._settled: dict[UUID, tuple[int, float]] = {}
         """Endpoint -> (its share, when seen) for endpoints at 1 or at the ceiling."""
+        self._growing: dict[UUID, tuple[int, float]] = {}
+        """Endpoint -> (fast batches not yet written, when its share was last grown)."""
 
     def overloaded(self, attempt: dict[str, Any]) -> bool:
         code = attempt["status_code"]
@@ -48,7 +56,7 @@ class Shares:
 
     def changes(self, attempts: Sequence[dict[str, Any]]) -> dict[UUID, int] | None:
         """The endpoints whose share may change after these attempts, with how many of
-        theirs were overloaded (0: grow by one); None when none may."""
+        theirs were overloaded (0: grow, by :meth:`params`' steps); None when none may."""
         slow_ms = self._settings.endpoint_slow_s * 1000
         overloaded: dict[UUID, int] = {}
         fast: set[UUID] = set()
@@ -58,30 +66,47 @@ class Shares:
                 overloaded[endpoint] = overloaded.get(endpoint, 0) + 1
             elif attempt["succeeded"] and attempt["duration_ms"] < slow_ms:
                 fast.add(endpoint)
-        now = time.monotonic()
+        now = self._clock()
         top = self._settings.endpoint_concurrency_max
         changing = {e: n for e, n in overloaded.items() if self._known(e, now) != 1}
+        for endpoint in overloaded:
+            self._growing.pop(endpoint, None)
         changing.update({e: 0 for e in fast - overloaded.keys()
-                         if self._known(e, now) != top})
+                         if self._known(e, now) != top and self._grow_now(e, now)})
         return changing or None
 
+    def _grow_now(self, endpoint: UUID, now: float) -> bool:
+        """One more fast batch: whether the share is written now, or the step waits."""
+        steps, grown_at = self._growing.get(endpoint, (0, -GROW_EVERY_S))
+        if len(self._growing) > 100_000:
+            self._growing.clear()
+        if now - grown_at >= GROW_EVERY_S:
+            return True
+        self._growing[endpoint] = (steps + 1, grown_at)
+        return False
+
     def params(self, changing: dict[UUID, int], now: Any) -> dict[str, Any]:
-        """``key_concurrency_resize``'s parameters."""
+        """``key_concurrency_resize``'s parameters: a growing endpoint grows by this batch's
+        step and those that waited since its last write."""
         keys = sorted(changing)
         return {"keys": [f"{KEY_PREFIX}{e}" for e in keys],
                 "overloaded": [changing[e] for e in keys],
+                "grow": [0 if changing[e] else 1 + self._growing.get(e, (0, 0.0))[0]
+                         for e in keys],
                 "share_start": self._settings.endpoint_concurrency,
                 "share_max": self._settings.endpoint_concurrency_max, "now": now}
 
     def learned(self, changing: dict[UUID, int], rows: Sequence[dict[str, Any]]) -> None:
         """After the statement: what it wrote (a key it left alone was already at its bound)."""
-        now = time.monotonic()
+        now = self._clock()
         written = {UUID(r["key"].removeprefix(KEY_PREFIX)): r["concurrency_limit"]
                    for r in rows}
         top = self._settings.endpoint_concurrency_max
         if len(self._settled) > 100_000:
             self._settled.clear()
         for endpoint, overloaded in changing.items():
+            if not overloaded:
+                self._growing[endpoint] = (0, now)
             share = written.get(endpoint, 1 if overloaded else top)
             if share in (1, top):
                 self._settled[endpoint] = (share, now)

@@ -46,7 +46,8 @@ def test_a_pinned_key_keeps_its_limit_through_resizing_until_unpinned(
                         ).fetchone()
     assert pinned == {"key": "webhook:a", "concurrency_limit": 1}
     resized = db.execute(q.key_concurrency_resize, {
-        "keys": ["webhook:a", "webhook:b"], "overloaded": [0, 0], "share_start": 5,
+        "keys": ["webhook:a", "webhook:b"], "overloaded": [0, 0], "grow": [1, 1],
+        "share_start": 5,
         "share_max": 100, "now": T0}).fetchall()
     assert resized == [{"key": "webhook:b", "concurrency_limit": 6}]  # a: left alone
     assert db.execute(q.key_concurrency_unpin, {"key": "webhook:b"}).fetchall() == []

@@ -411,11 +411,12 @@ def test_header_values_are_sealed_listed_while_in_clear_and_read_back(
         "id": uuid.uuid4(), "headers": Jsonb({}), "header_values": None}).fetchone() is None
 
 
-def test_resizing_shares_halves_per_overload_grows_by_one_and_keeps_the_bounds(
+def test_resizing_shares_halves_per_overload_grows_by_its_steps_and_keeps_the_bounds(
         db: Conn, q: Queries) -> None:
-    def resize(**overloaded: int) -> dict[str, int]:
+    def resize(grow: int = 1, **overloaded: int) -> dict[str, int]:
         rows = db.execute(q.key_concurrency_resize, {
             "keys": list(overloaded), "overloaded": list(overloaded.values()),
+            "grow": [0 if n else grow for n in overloaded.values()],
             "share_start": 5, "share_max": 7, "now": T0}).fetchall()
         return {r["key"]: r["concurrency_limit"] for r in rows}
 
@@ -427,6 +428,8 @@ def test_resizing_shares_halves_per_overload_grows_by_one_and_keeps_the_bounds(
     row = db.execute("SELECT concurrency_limit, updated_at FROM notifyq.key_concurrency "
                      "WHERE key = 'a'").fetchone()
     assert row == {"concurrency_limit": 1, "updated_at": T0}
+    assert resize(grow=3, a=0) == {"a": 4}  # the steps that waited, written at once
+    assert resize(grow=9, a=0) == {"a": 7}  # never above the ceiling
 
 
 def test_recording_successes_clears_only_a_failing_endpoints_streak(db: Conn, q: Queries) -> None:
