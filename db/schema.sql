@@ -870,16 +870,12 @@ BEGIN
     ), runs AS (
         INSERT INTO job_run (id, job_type, job_version, input, pool, priority, run_at,
                              max_attempts, timeout_s, tags, trigger_source, trigger_ref,
-                             scope_entity_type, concurrency_key, concurrency_limit)
+                             scope_entity_type, concurrency_key, concurrency_limit, defaulted)
         SELECT uuid7(), 'webhook.deliver', coalesce(def.version, 1), t.input, 'webhooks',
                coalesce(def.priority_default, 0), t.run_at, 100, def.timeout_s, ARRAY[]::text[],
                'event', msg_id, def.scope_entity_type,
-               -- notifyq's own template, without a plpgsql call per run (~20 us each)
-               CASE WHEN def.concurrency_key_template = 'webhook:{endpoint_id}'
-                    THEN 'webhook:' || t.id
-                    ELSE _expand_template(def.concurrency_key_template, t.input) END,
-               CASE WHEN def.concurrency_key_template IS NOT NULL
-                    THEN coalesce(def.concurrency_limit, 1) END
+               'webhook:' || t.id, coalesce(def.concurrency_limit, 1),  -- 0038
+               CASE WHEN def.type IS NULL THEN 8::smallint END
         FROM targets t
         RETURNING id, (input ->> 'endpoint_id')::uuid AS endpoint_id
     )
@@ -989,16 +985,12 @@ CREATE FUNCTION notifyq._send_webhooks_rows(p_event_types text[], p_payloads tex
     ), runs AS (
         INSERT INTO job_run (id, job_type, job_version, input, pool, priority, run_at,
                              max_attempts, timeout_s, tags, trigger_source, trigger_ref,
-                             scope_entity_type, concurrency_key, concurrency_limit)
+                             scope_entity_type, concurrency_key, concurrency_limit, defaulted)
         SELECT uuid7(), 'webhook.deliver', coalesce(d.version, 1), t.input, 'webhooks',
                coalesce(d.priority_default, 0), t.run_at, 100, d.timeout_s, ARRAY[]::text[],
                'event', t.message_id, d.scope_entity_type,
-               -- notifyq's own template, without a plpgsql call per run (~20 us each)
-               CASE WHEN d.concurrency_key_template = 'webhook:{endpoint_id}'
-                    THEN 'webhook:' || t.endpoint_id
-                    ELSE _expand_template(d.concurrency_key_template, t.input) END,
-               CASE WHEN d.concurrency_key_template IS NOT NULL
-                    THEN coalesce(d.concurrency_limit, 1) END
+               'webhook:' || t.endpoint_id, coalesce(d.concurrency_limit, 1),  -- 0038
+               CASE WHEN d.type IS NULL THEN 8::smallint END
         FROM targets t LEFT JOIN job d ON d.type = 'webhook.deliver'
         RETURNING id, input ->> 'message_id' AS message_id,
                   (input ->> 'endpoint_id')::uuid AS endpoint_id

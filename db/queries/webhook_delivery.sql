@@ -88,6 +88,8 @@ SELECT d.endpoint_id,
                                              'trigger', 'manual'),
                           p_pool => 'webhooks', p_max_attempts => 3,
                           p_trigger_source => 'manual', p_trigger_ref => d.message_id,
+                          -- its endpoint's key, definition or not (0038)
+                          p_concurrency_key => 'webhook:' || d.endpoint_id,
                           -- built in: accepted before any worker has registered it
                           p_allow_unknown_type => true)).id
            AS run_id
@@ -118,6 +120,7 @@ SET status = 'pending', attempts = 0, updated_at = coalesce(%(now)s::timestamptz
                                 p_pool => 'webhooks', p_max_attempts => 100,
                                 p_trigger_source => 'manual',
                                 p_trigger_ref => d.message_id,
+                                p_concurrency_key => 'webhook:' || d.endpoint_id,
                                 p_allow_unknown_type => true)).id
 FROM picked p
 WHERE d.message_id = p.message_id AND d.endpoint_id = p.endpoint_id
@@ -176,6 +179,7 @@ runs AS (
                                                  'endpoint_id', %(endpoint_id)s::uuid),
                               p_pool => 'webhooks', p_max_attempts => 100,
                               p_trigger_source => 'manual', p_trigger_ref => x.message_id,
+                              p_concurrency_key => 'webhook:' || %(endpoint_id)s::uuid,
                               p_allow_unknown_type => true)).id AS run_id
     FROM missing x
 )
