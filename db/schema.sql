@@ -165,6 +165,7 @@ CREATE TABLE notifyq.job_run (
     awaited boolean DEFAULT false NOT NULL,
     trace_context jsonb,
     rate_key text,
+    key_head boolean DEFAULT false NOT NULL,
     CONSTRAINT job_run_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT job_run_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])))
 )
@@ -340,7 +341,7 @@ BEGIN
                     FROM job_run j
                     WHERE j.status = 'pending' AND j.pool = p_pool
                       AND j.concurrency_key = keys.key
-                    ORDER BY j.priority, j.run_at, j.id
+                    ORDER BY j.key_head DESC, j.priority, j.run_at, j.id  -- 0039
                     LIMIT 1
                 ) head
                 LEFT JOIN key_concurrency kc ON kc.key = keys.key
@@ -359,7 +360,7 @@ BEGIN
                       AND (NOT types_paused
                            OR NOT EXISTS (SELECT FROM pause p
                                           WHERE p.kind = 'type' AND p.name = j.job_type))
-                    ORDER BY priority, run_at, id
+                    ORDER BY key_head DESC, priority, run_at, id  -- 0039
                     LIMIT r.free
                     FOR UPDATE SKIP LOCKED) c
                 WHERE NOT h.retry
@@ -376,7 +377,7 @@ BEGIN
                       AND (NOT types_paused
                            OR NOT EXISTS (SELECT FROM pause p
                                           WHERE p.kind = 'type' AND p.name = j.job_type))
-                    ORDER BY priority, run_at, id
+                    ORDER BY key_head DESC, priority, run_at, id  -- 0039
                     LIMIT r.free
                     FOR UPDATE SKIP LOCKED) c
                 WHERE h.retry
@@ -2051,7 +2052,7 @@ CREATE INDEX job_run_claim_idx ON notifyq.job_run USING btree (pool, priority, r
 -- Name: job_run_claim_keyed_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
-CREATE INDEX job_run_claim_keyed_idx ON notifyq.job_run USING btree (pool, concurrency_key, priority, run_at, id) WHERE ((status = 'pending'::text) AND (concurrency_key IS NOT NULL));
+CREATE INDEX job_run_claim_keyed_idx ON notifyq.job_run USING btree (pool, concurrency_key, key_head DESC, priority, run_at, id) WHERE ((status = 'pending'::text) AND (concurrency_key IS NOT NULL));
 
 --
 -- Name: job_run_claim_rated_idx; Type: INDEX; Schema: notifyq; Owner: -
