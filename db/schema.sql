@@ -165,6 +165,7 @@ CREATE TABLE notifyq.job_run (
     awaited boolean DEFAULT false NOT NULL,
     trace_context jsonb,
     rate_key text,
+    key_head boolean DEFAULT false NOT NULL,
     CONSTRAINT job_run_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT job_run_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'timed_out'::text, 'canceled'::text])))
 )
@@ -340,7 +341,7 @@ BEGIN
                     FROM job_run j
                     WHERE j.status = 'pending' AND j.pool = p_pool
                       AND j.concurrency_key = keys.key
-                    ORDER BY j.priority, j.run_at, j.id
+                    ORDER BY j.key_head DESC, j.priority, j.run_at, j.id  -- 0039
                     LIMIT 1
                 ) head
                 LEFT JOIN key_concurrency kc ON kc.key = keys.key
@@ -359,7 +360,7 @@ BEGIN
                       AND (NOT types_paused
                            OR NOT EXISTS (SELECT FROM pause p
                                           WHERE p.kind = 'type' AND p.name = j.job_type))
-                    ORDER BY priority, run_at, id
+                    ORDER BY key_head DESC, priority, run_at, id  -- 0039
                     LIMIT r.free
                     FOR UPDATE SKIP LOCKED) c
                 WHERE NOT h.retry
@@ -376,7 +377,7 @@ BEGIN
                       AND (NOT types_paused
                            OR NOT EXISTS (SELECT FROM pause p
                                           WHERE p.kind = 'type' AND p.name = j.job_type))
-                    ORDER BY priority, run_at, id
+                    ORDER BY key_head DESC, priority, run_at, id  -- 0039
                     LIMIT r.free
                     FOR UPDATE SKIP LOCKED) c
                 WHERE h.retry
@@ -870,16 +871,12 @@ BEGIN
     ), runs AS (
         INSERT INTO job_run (id, job_type, job_version, input, pool, priority, run_at,
                              max_attempts, timeout_s, tags, trigger_source, trigger_ref,
-                             scope_entity_type, concurrency_key, concurrency_limit)
+                             scope_entity_type, concurrency_key, concurrency_limit, defaulted)
         SELECT uuid7(), 'webhook.deliver', coalesce(def.version, 1), t.input, 'webhooks',
                coalesce(def.priority_default, 0), t.run_at, 100, def.timeout_s, ARRAY[]::text[],
                'event', msg_id, def.scope_entity_type,
-               -- notifyq's own template, without a plpgsql call per run (~20 us each)
-               CASE WHEN def.concurrency_key_template = 'webhook:{endpoint_id}'
-                    THEN 'webhook:' || t.id
-                    ELSE _expand_template(def.concurrency_key_template, t.input) END,
-               CASE WHEN def.concurrency_key_template IS NOT NULL
-                    THEN coalesce(def.concurrency_limit, 1) END
+               'webhook:' || t.id, coalesce(def.concurrency_limit, 1),  -- 0038
+               CASE WHEN def.type IS NULL THEN 8::smallint END
         FROM targets t
         RETURNING id, (input ->> 'endpoint_id')::uuid AS endpoint_id
     )
@@ -989,16 +986,12 @@ CREATE FUNCTION notifyq._send_webhooks_rows(p_event_types text[], p_payloads tex
     ), runs AS (
         INSERT INTO job_run (id, job_type, job_version, input, pool, priority, run_at,
                              max_attempts, timeout_s, tags, trigger_source, trigger_ref,
-                             scope_entity_type, concurrency_key, concurrency_limit)
+                             scope_entity_type, concurrency_key, concurrency_limit, defaulted)
         SELECT uuid7(), 'webhook.deliver', coalesce(d.version, 1), t.input, 'webhooks',
                coalesce(d.priority_default, 0), t.run_at, 100, d.timeout_s, ARRAY[]::text[],
                'event', t.message_id, d.scope_entity_type,
-               -- notifyq's own template, without a plpgsql call per run (~20 us each)
-               CASE WHEN d.concurrency_key_template = 'webhook:{endpoint_id}'
-                    THEN 'webhook:' || t.endpoint_id
-                    ELSE _expand_template(d.concurrency_key_template, t.input) END,
-               CASE WHEN d.concurrency_key_template IS NOT NULL
-                    THEN coalesce(d.concurrency_limit, 1) END
+               'webhook:' || t.endpoint_id, coalesce(d.concurrency_limit, 1),  -- 0038
+               CASE WHEN d.type IS NULL THEN 8::smallint END
         FROM targets t LEFT JOIN job d ON d.type = 'webhook.deliver'
         RETURNING id, input ->> 'message_id' AS message_id,
                   (input ->> 'endpoint_id')::uuid AS endpoint_id
@@ -2059,7 +2052,7 @@ CREATE INDEX job_run_claim_idx ON notifyq.job_run USING btree (pool, priority, r
 -- Name: job_run_claim_keyed_idx; Type: INDEX; Schema: notifyq; Owner: -
 --
 
-CREATE INDEX job_run_claim_keyed_idx ON notifyq.job_run USING btree (pool, concurrency_key, priority, run_at, id) WHERE ((status = 'pending'::text) AND (concurrency_key IS NOT NULL));
+CREATE INDEX job_run_claim_keyed_idx ON notifyq.job_run USING btree (pool, concurrency_key, key_head DESC, priority, run_at, id) WHERE ((status = 'pending'::text) AND (concurrency_key IS NOT NULL));
 
 --
 -- Name: job_run_claim_rated_idx; Type: INDEX; Schema: notifyq; Owner: -

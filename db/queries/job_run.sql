@@ -520,8 +520,9 @@ DELETE FROM {schema}.job_run r USING doomed WHERE r.id = doomed.id
 
 -- name: job_run_apply_definitions
 -- Runs enqueued while their type had no definition took the table defaults (`defaulted` says
--- which: pool 1, priority 2, max_attempts 4). Once a definition exists they get its values, and
--- its timeout_s and version, which only a definition sets. Run by a worker after it upserts its
+-- which: pool 1, priority 2, max_attempts 4, concurrency limit 8: a webhook delivery's share of
+-- 1, migration 0038). Once a definition exists they get its values, and its timeout_s and
+-- version, which only a definition sets. Run by a worker after it upserts its
 -- definitions, and by the purger for enqueues that committed just after. Reads only the partial
 -- index job_run_defaulted_idx (empty unless runs were enqueued before their first worker), so the
 -- claim pays nothing. Wakes the pools the runs are now in.
@@ -532,6 +533,9 @@ WITH applied AS (
                         THEN greatest(-1000, least(1000, d.priority_default)) ELSE r.priority END,
         max_attempts = CASE WHEN r.defaulted & 4 <> 0 THEN least(1000, d.max_attempts)
                             ELSE r.max_attempts END,
+        concurrency_limit = CASE WHEN r.defaulted & 8 <> 0
+                                 THEN coalesce(d.concurrency_limit, r.concurrency_limit)
+                                 ELSE r.concurrency_limit END,
         timeout_s = coalesce(r.timeout_s, d.timeout_s), job_version = d.version,
         defaulted = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
     FROM {schema}.job d

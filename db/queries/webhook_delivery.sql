@@ -101,6 +101,8 @@ SELECT d.endpoint_id,
                                              'trigger', 'manual'),
                           p_pool => 'webhooks', p_max_attempts => 3,
                           p_trigger_source => 'manual', p_trigger_ref => d.message_id,
+                          -- its endpoint's key, definition or not (0038)
+                          p_concurrency_key => 'webhook:' || d.endpoint_id,
                           -- built in: accepted before any worker has registered it
                           p_allow_unknown_type => true)).id
            AS run_id
@@ -131,6 +133,7 @@ SET status = 'pending', attempts = 0, updated_at = coalesce(%(now)s::timestamptz
                                 p_pool => 'webhooks', p_max_attempts => 100,
                                 p_trigger_source => 'manual',
                                 p_trigger_ref => d.message_id,
+                                p_concurrency_key => 'webhook:' || d.endpoint_id,
                                 p_allow_unknown_type => true)).id
 FROM picked p
 WHERE d.message_id = p.message_id AND d.endpoint_id = p.endpoint_id
@@ -189,6 +192,7 @@ runs AS (
                                                  'endpoint_id', %(endpoint_id)s::uuid),
                               p_pool => 'webhooks', p_max_attempts => 100,
                               p_trigger_source => 'manual', p_trigger_ref => x.message_id,
+                              p_concurrency_key => 'webhook:' || %(endpoint_id)s::uuid,
                               p_allow_unknown_type => true)).id AS run_id
     FROM missing x
 )
@@ -208,28 +212,26 @@ SELECT pg_advisory_xact_lock(hashtext('notifyq.replay'), hashtext(%(endpoint_id)
 
 -- name: webhook_delivery_keep_place
 -- An ordered endpoint's delivery that is to be tried again (a retry, or held by the circuit)
--- keeps its place at the head of the endpoint's line (0029): before its run snoozes, it gets the
--- best priority (-1000), so the keyed claim, which takes a key's head run (best priority, then
--- oldest run_at) and passes over a key whose head is not due, holds the endpoint's later
--- deliveries back until this one is over. Written while the run is running (its worker's own
--- run: the snooze that follows is the fenced write-back); an endpoint that is not ordered (any
--- more) is left alone.
+-- keeps its place at the head of the endpoint's line: before its run snoozes it is flagged
+-- `key_head` (0039), which the keyed claim sorts first among the key's runs; the claim takes a
+-- key's head run and passes over a key whose head is not due, so the endpoint's later
+-- deliveries wait until this one is over. Its priority is left as it is. Written while the run
+-- is running (its worker's own run: the snooze that follows is the fenced write-back); an
+-- endpoint that is not ordered (any more) is left alone.
 UPDATE {schema}.job_run r
-SET priority = -1000, updated_at = coalesce(%(now)s::timestamptz, now())
+SET key_head = true, updated_at = coalesce(%(now)s::timestamptz, now())
 FROM {schema}.webhook_endpoint e
 WHERE r.id = %(run_id)s AND r.status = 'running' AND e.id = %(endpoint_id)s AND e.ordered
 RETURNING r.id
 
 -- name: webhook_delivery_release_places
 -- An endpoint that is no longer ordered: the waiting runs that kept their place at its head
--- (webhook_delivery_keep_place) go back to the priority of their type, so they no longer hold
--- the others back.
+-- (webhook_delivery_keep_place) lose the flag, so they no longer hold the others back. Reads
+-- the head end of the key in job_run_claim_keyed_idx.
 UPDATE {schema}.job_run r
-SET priority = coalesce((SELECT priority_default FROM {schema}.job
-                         WHERE type = 'webhook.deliver'), 0),
-    updated_at = coalesce(%(now)s::timestamptz, now())
+SET key_head = false, updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE r.status = 'pending' AND r.pool = 'webhooks' AND r.concurrency_key = %(key)s
-  AND r.priority = -1000
+  AND r.key_head
 RETURNING r.id
 
 -- name: webhook_delivery_give_up

@@ -30,9 +30,10 @@ circuit, its failure opens it again. Manual resends are not held.
 
 **Ordered endpoints** (``webhook_endpoint.ordered``, migration 0029): their key's limit is
 pinned to 1, and a scheduled delivery of one that snoozes (a retry, or held by the circuit)
-first keeps its place at the head of the endpoint's line (``webhook_delivery_keep_place``: the
-best priority), so the keyed claim holds the later deliveries back until it is over, without
-moving their run_at or counting an attempt of theirs.
+first keeps its place at the head of the endpoint's line (``webhook_delivery_keep_place``: its
+run's ``key_head`` flag, migration 0039, which the keyed claim sorts first), so the claim holds
+the later deliveries back until it is over, without moving their run_at or counting an attempt
+of theirs.
 
 **429 with Retry-After.** The whole endpoint waits until then (``webhook_endpoint_hold``: the
 keyed claim passes its key over, migration 0028; its pending deliveries are parked), and the

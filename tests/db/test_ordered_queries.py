@@ -1,16 +1,21 @@
-"""The named queries of ordered webhook endpoints (migration 0029), run directly: a pinned key's
-limit, the head that keeps its place, its release, giving a delivery up, and a batch's runs in
-the batch's order. End to end with workers: tests/webhooks/test_ordered.py."""
+"""The named queries of ordered webhook endpoints (migrations 0029, 0039), run directly: a pinned
+key's limit, the head that keeps its place (its ``key_head`` flag), its release, giving a
+delivery up, and a batch's runs in the batch's order. End to end with workers:
+tests/webhooks/test_ordered.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import psycopg
+import pytest
+from psycopg.rows import dict_row
 
+from notifyq._db import migrate as migrations
 from notifyq._db.queries import Queries
 from tests.db.conftest import T0
 from tests.db.test_webhook_queries import _endpoint
+from tests.db.test_webhook_retention_queries import _migrate_until
 
 Conn = psycopg.Connection[dict[str, Any]]
 
@@ -74,14 +79,17 @@ def test_a_running_delivery_of_an_ordered_endpoint_keeps_its_place_until_release
     # snoozed: pending again, due later, and still the key's head
     db.execute("UPDATE notifyq.job_run SET status = 'pending', run_at = %s WHERE id = %s",
                (T0, head["id"]))
-    runs = db.execute("SELECT id, priority FROM notifyq.job_run "
-                      "ORDER BY priority, run_at, id").fetchall()
-    assert (runs[0]["id"], runs[0]["priority"]) == (head["id"], -1000)
+    claim_order = ("SELECT id, priority, key_head FROM notifyq.job_run "
+                   "ORDER BY key_head DESC, priority, run_at, id")
+    runs = db.execute(claim_order).fetchall()
+    assert runs[0] == {"id": head["id"], "priority": 0, "key_head": True}  # its own priority
+    assert [r["key_head"] for r in runs[1:]] == [False, False]
     released = db.execute(q.webhook_delivery_release_places, {
         "key": f"webhook:{endpoint}", "now": T0}).fetchall()
     assert released == [{"id": head["id"]}]
-    assert db.execute("SELECT DISTINCT priority FROM notifyq.job_run").fetchall() == [
-        {"priority": 0}]
+    assert db.execute("SELECT DISTINCT priority, key_head FROM notifyq.job_run").fetchall() == [
+        {"priority": 0, "key_head": False}]
+    assert db.execute(claim_order).fetchall()[0]["id"] != head["id"]  # back in run_at order
 
 
 def test_giving_up_fails_a_waiting_delivery_cancels_its_run_and_wakes_the_pool(
@@ -105,3 +113,31 @@ def test_giving_up_fails_a_waiting_delivery_cancels_its_run_and_wakes_the_pool(
     for message in (second["message_id"], first["message_id"]):
         assert db.execute(q.webhook_delivery_give_up, {**params, "message_id": message}
                           ).fetchall() == []
+
+
+@pytest.mark.anyio
+async def test_the_migration_turns_a_head_kept_by_priority_into_a_flagged_head(
+        empty_dsn: str, q: Queries) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True, row_factory=dict_row) as db:
+        _migrate_until(db, q, 39)
+        db.execute("SET search_path TO notifyq, public")
+        endpoint = _endpoint(db, q)
+        other = _endpoint(db, q)
+        _deliver_def(db)
+        db.execute("UPDATE webhook_endpoint SET ordered = true WHERE id = %s", (endpoint,))
+        runs = _batch(db, q, 3)
+        # 0029's head: a retry waiting at priority -1000, due after the others
+        head = next(r for r in runs if r["concurrency_key"] == f"webhook:{endpoint}")
+        db.execute("UPDATE job_run SET priority = -1000, run_at = run_at + interval '1 hour' "
+                   "WHERE id = %s", (head["id"],))
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
+        assert 39 in [m.version for m in await migrations.migrate(conn, "notifyq")]
+    with psycopg.connect(empty_dsn, autocommit=True, row_factory=dict_row) as db:
+        rows = db.execute("SELECT id, priority, key_head FROM notifyq.job_run "
+                          "WHERE concurrency_key = %s ORDER BY key_head DESC, priority, run_at, id",
+                          (f"webhook:{endpoint}",)).fetchall()
+        assert rows[0] == {"id": head["id"], "priority": 0, "key_head": True}
+        assert [(r["priority"], r["key_head"]) for r in rows[1:]] == [(0, False)] * 2
+        others = db.execute("SELECT DISTINCT priority, key_head FROM notifyq.job_run "
+                            "WHERE concurrency_key = %s", (f"webhook:{other}",)).fetchall()
+        assert others == [{"priority": 0, "key_head": False}]

@@ -39,13 +39,14 @@ def _circuit(db: Conn, endpoint: Any) -> Any:
 def test_send_gives_each_run_its_endpoints_concurrency_key_and_limit(
         db: Conn, q: Queries) -> None:
     endpoint = _endpoint(db, q)
-    _send(db, q, endpoint_id=endpoint)  # no definition yet: no key, claimed as before
+    _send(db, q, endpoint_id=endpoint)  # no definition yet: keyed all the same (0038)
     _define_deliver(db, q, limit=3)
     _send(db, q, endpoint_id=endpoint)
-    rows = db.execute("SELECT concurrency_key, concurrency_limit FROM notifyq.job_run "
-                      "ORDER BY id").fetchall()
-    assert rows == [{"concurrency_key": None, "concurrency_limit": None},
-                    {"concurrency_key": f"webhook:{endpoint}", "concurrency_limit": 3}]
+    rows = db.execute("SELECT concurrency_key, concurrency_limit, defaulted "
+                      "FROM notifyq.job_run ORDER BY id").fetchall()
+    key = f"webhook:{endpoint}"
+    assert rows == [{"concurrency_key": key, "concurrency_limit": 1, "defaulted": 8},
+                    {"concurrency_key": key, "concurrency_limit": 3, "defaulted": None}]
 
 
 def test_the_keyed_claim_runs_at_most_the_limit_of_one_endpoints_deliveries(

@@ -1,9 +1,8 @@
 """Ordered endpoints end to end: real worker processes, a loopback receiver that counts the
 requests it is answering at once, and the order, attempts and run times read back in SQL.
 
-The workers start first: a delivery run takes its endpoint's concurrency key from the
-``webhook.deliver`` definition, which the first worker writes (runs sent before any worker ever
-ran have no key, ordered or not; docs/webhooks.md says so)."""
+Here the workers start first; messages sent before any worker ever ran are ordered too
+(tests/webhooks/test_sent_before_workers.py)."""
 
 from __future__ import annotations
 
@@ -175,10 +174,10 @@ async def test_giving_up_a_stuck_head_lets_the_rest_go_in_order(
 
 
 async def _head_waits(app: App, message_id: str) -> None:
-    rows = await fetch(app, "SELECT r.status, r.priority, r.run_at > now() AS later "
+    rows = await fetch(app, "SELECT r.status, r.priority, r.key_head, r.run_at > now() AS later "
                             "FROM notifyq.webhook_delivery d JOIN notifyq.job_run r "
                             "ON r.id = d.run_id WHERE d.message_id = %s", message_id)
-    assert rows == [{"status": "pending", "priority": -1000, "later": True}]
+    assert rows == [{"status": "pending", "priority": 0, "key_head": True, "later": True}]
 
 
 async def _count(receiver: Receiver, path: str, n: int) -> None:
