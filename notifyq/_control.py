@@ -254,11 +254,10 @@ class RunFilter:
                 "id_suffix": self.id_suffix and self.id_suffix.lower()}
 
 
-def _planned(row: dict[str, Any] | None) -> tuple[float, int]:
-    """The total cost of job_run_count_plan's plan and the rows it estimates under its LIMIT
-    (what the count would be without its cap)."""
-    assert row is not None
-    top = node = row["QUERY PLAN"][0]["Plan"]
+def _planned(explained: list[dict[str, Any]]) -> tuple[float, int]:
+    """The total cost of job_run_count_plan's plan (its ``QUERY PLAN``) and the rows it
+    estimates under its LIMIT (what the count would be without its cap)."""
+    top = node = explained[0]["Plan"]
     while node["Node Type"] != "Limit":
         node = next(p for p in node["Plans"] if p.get("Parent Relationship") == "Outer")
     under = next(p for p in node["Plans"] if p.get("Parent Relationship") == "Outer")
@@ -461,7 +460,7 @@ class RunControl:
                 await conn.execute(self._q.job_run_count_timeout,
                                    {"ms": f"{max(left_ms, _SHORTEST_COUNT_MS)}ms"})
                 cur = await conn.execute(self._q.job_run_count_plan, params, prepare=False)
-                cost, rows = _planned(await cur.fetchone())
+                cost, rows = _planned((await cur.fetchall())[0]["QUERY PLAN"])
                 estimate = Count(rows, estimated=True)
                 if cost > COUNT_COST_MAX or left_ms < _SHORTEST_COUNT_MS:
                     return estimate

@@ -289,7 +289,8 @@ def test_count_plan_is_the_counts_plan_with_the_planners_estimate_under_its_limi
     _runs(db, q, 2, "t.b")
     db.execute("ANALYZE notifyq.job_run")
     params = {**FILTER, "job_type": "t.a", "statuses": ["pending"], "cap": 3}
-    cost, estimate = _planned(db.execute(q.job_run_count_plan, params).fetchone())
+    explained = db.execute(q.job_run_count_plan, params).fetchall()[0]["QUERY PLAN"]
+    cost, estimate = _planned(explained)
     assert cost > 0
     assert estimate == 6  # not the count's cap: the rows under its LIMIT
     assert db.execute(q.job_run_count, params).fetchone() == {"n": 3}

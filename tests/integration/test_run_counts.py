@@ -52,7 +52,8 @@ async def test_a_count_planned_too_costly_is_the_planners_estimate_marked_so(
         matching = await app._control.count_matching(conn, where, budget_s=0.5)
     assert set(states) == set(RUN_STATES)
     assert all(c is not None and c.estimated and not c.capped for c in states.values())
-    assert matching is not None and matching.estimated
+    assert matching is not None
+    assert matching.estimated
     assert 5 <= matching.n <= 45  # the planner's guess at 15, from the statistics
 
 
