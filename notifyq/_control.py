@@ -163,9 +163,12 @@ split into runnable now (``pending``), due later (``scheduled``) and due later a
 attempt (``retrying``: its backoff). Each run is in exactly one."""
 _HEX = re.compile(r"^[0-9a-f]{1,32}$")
 _SUFFIX = re.compile(r"^[0-9a-f]{1,12}$")
-_SHORTEST_COUNT_MS = 20
-"""A budgeted count with less time left than this is not run (its estimate is given), and its
-plan gets at least this long."""
+_SHORTEST_COUNT_MS = 50
+"""A budgeted count with less time left than this is run only when its plan is cheap
+(``_CHEAP_COUNT_COST``), with this long; its plan gets at least this long."""
+_CHEAP_COUNT_COST = 1_000.0
+"""A count planned under this reads a few thousand rows at most (a small table, a partial index
+of live runs): it is run even when the budget is spent (on a loaded machine), not estimated."""
 COUNT_COST_MAX = 15_000.0
 """A budgeted count whose plan costs more than this (the planner's units) is not run: its
 estimate is given instead. On 10 million runs (bench/RESULTS.md, 2026-12-07) the dashboard's
@@ -447,11 +450,11 @@ class RunControl:
 
     async def _count_before(self, conn: AsyncConn, where: RunFilter, statuses: tuple[str, ...],
                             deadline: float) -> Count | None:
-        """:meth:`_count`, or its estimate when its plan costs over ``COUNT_COST_MAX``, or
-        less than ``_SHORTEST_COUNT_MS`` is left before ``deadline`` (monotonic), or it is
-        still reading then (stopped by the server's ``statement_timeout``); None when not even
-        the plan came by then (or within ``_SHORTEST_COUNT_MS``: a lock). In a savepoint, so
-        that the counts after it still run."""
+        """:meth:`_count`, or its estimate when its plan costs over ``COUNT_COST_MAX`` (over
+        ``_CHEAP_COUNT_COST`` when less than ``_SHORTEST_COUNT_MS`` is left before
+        ``deadline``, monotonic), or it is still reading then (stopped by the server's
+        ``statement_timeout``); None when not even the plan came by then (or within
+        ``_SHORTEST_COUNT_MS``: a lock). In a savepoint, so that the counts after it run."""
         left_ms = int((deadline - time.monotonic()) * 1000)
         params = {**self._params(where), "statuses": list(statuses), "cap": COUNT_CAP}
         estimate = None
@@ -462,7 +465,7 @@ class RunControl:
                 cur = await conn.execute(self._q.job_run_count_plan, params, prepare=False)
                 cost, rows = _planned((await cur.fetchall())[0]["QUERY PLAN"])
                 estimate = Count(rows, estimated=True)
-                if cost > COUNT_COST_MAX or left_ms < _SHORTEST_COUNT_MS:
+                if cost > (COUNT_COST_MAX if left_ms >= _SHORTEST_COUNT_MS else _CHEAP_COUNT_COST):
                     return estimate
                 return Count(await self._counted(conn, params))
         except QueryCanceled:
