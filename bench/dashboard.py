@@ -79,7 +79,7 @@ def _pages(dsn: str, runs: int) -> dict[str, str]:
         "runs status=timed_out&tenant=t42": "/ui/runs?status=timed_out&tenant=t42",
         "runs, an hour 3 days back": f"/ui/runs?from={since}&to={until}",
         "runs, id prefix": f"/ui/runs?q={str(done)[:8]}",
-        "runs, id end (a day's runs)": f"/ui/runs?q=\u2026{str(done)[-8:]}",
+        "runs, id end (6 h of runs)": f"/ui/runs?q=\u2026{str(done)[-8:]}",
         "runs status=retrying": "/ui/runs?status=retrying", "job types": "/ui/types",
         "runs, 3M rows deep": f"/ui/runs?cursor={deep}", "run": f"/ui/runs/{done}",
         "webhooks": "/ui/webhooks", "keys": "/ui/keys", "schedules": "/ui/schedules"}

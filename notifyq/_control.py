@@ -163,8 +163,17 @@ split into runnable now (``pending``), due later (``scheduled``) and due later a
 attempt (``retrying``: its backoff). Each run is in exactly one."""
 _HEX = re.compile(r"^[0-9a-f]{1,32}$")
 _SUFFIX = re.compile(r"^[0-9a-f]{1,12}$")
-_SHORTEST_COUNT_MS = 20
-"""A count with less time left than this is not started (None)."""
+_SHORTEST_COUNT_MS = 50
+"""A budgeted count with less time left than this is run only when its plan is cheap
+(``_CHEAP_COUNT_COST``), with this long; its plan gets at least this long."""
+_CHEAP_COUNT_COST = 100.0
+"""A count planned under this reads a few pages (a small table): it is run even when the
+budget is spent (on a loaded machine), not estimated. At 1,000 the live states' counts of 10
+million runs ran too, which added 0.1-0.3 s to a loaded machine's counts."""
+COUNT_COST_MAX = 15_000.0
+"""A budgeted count whose plan costs more than this (the planner's units) is not run: its
+estimate is given instead. On 10 million runs (bench/RESULTS.md, 2026-12-07) the dashboard's
+counts planned under it took at most 62 ms on a busy machine, those over it 35 ms to 4.5 s."""
 _NO_WAIT_DEADLINE = 2900  # durable waits without a deadline run_at 2999-12-31
 
 
@@ -204,6 +213,9 @@ class RunFilter:
     id_suffix: str | None = None
     retried: bool | None = None
     """Only runs tried before (True: ``attempts > 0``) or never tried (False)."""
+    ids: tuple[UUID, ...] | None = None
+    """Only these runs (the dashboard's counts of an id's end: the runs ending so, looked up
+    once for all its counts)."""
 
     def __post_init__(self) -> None:
         for status in (self.status, *(self.status_in or ())):
@@ -240,15 +252,39 @@ class RunFilter:
         columns = {k: v for k, v in asdict(self).items()
                    if k not in ("created_after", "created_before", "id_prefix", "id_suffix")}
         return {**columns, "status_in": list(self.status_in) if self.status_in else None,
+                "ids": list(self.ids) if self.ids is not None else None,
                 "now": now, "min_id": max(lows, default=None),
                 "before_id": min(highs, default=None),
                 "id_suffix": self.id_suffix and self.id_suffix.lower()}
+
+
+def _planned(explained: list[dict[str, Any]]) -> tuple[float, int]:
+    """The total cost of job_run_count_plan's plan (its ``QUERY PLAN``) and the rows it
+    estimates under its LIMIT (what the count would be without its cap)."""
+    top = node = explained[0]["Plan"]
+    while node["Node Type"] != "Limit":
+        node = next(p for p in node["Plans"] if p.get("Parent Relationship") == "Outer")
+    under = next(p for p in node["Plans"] if p.get("Parent Relationship") == "Outer")
+    return float(top["Total Cost"]), int(under["Plan Rows"])
 
 
 def _id_at(moment: datetime) -> UUID:
     """The smallest UUIDv7 of ``moment``'s millisecond."""
     millis = int(moment.timestamp() * 1000)
     return UUID(int=max(0, millis) << 80)
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """How many runs match: counted up to ``COUNT_CAP`` (``capped``: that many or more), or,
+    where counting would read too long, the planner's estimate (``estimated``)."""
+
+    n: int
+    estimated: bool = False
+
+    @property
+    def capped(self) -> bool:
+        return not self.estimated and self.n >= COUNT_CAP
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,27 +383,52 @@ class RunControl:
         """Runs matching ``where`` that ``action`` applies to, counted up to ``COUNT_CAP``."""
         return await self._count(conn, where, BULK_STATUSES[action])
 
+    async def with_ids_ending(self, conn: AsyncConn, where: RunFilter) -> RunFilter:
+        """``where`` with its id's end looked up once: the runs of its id range ending so as
+        ``ids`` (unchanged when there are more than ``COUNT_CAP``), for several counts of the
+        same filter (the dashboard's tabs), each of which would look them up again."""
+        if where.id_suffix is None:
+            return where
+        ending = RunFilter(created_after=where.created_after, id_prefix=where.id_prefix,
+                           created_before=where.created_before, id_suffix=where.id_suffix)
+        cur = await conn.execute(self._q.job_run_list_ids, {
+            **self._params(ending), "statuses": list(RUN_STATUSES), "limit": COUNT_CAP + 1})
+        ids = tuple(row["id"] for row in await cur.fetchall())
+        return where if len(ids) > COUNT_CAP else replace(where, id_suffix=None, ids=ids)
+
+    async def count_within(self, conn: AsyncConn, where: RunFilter, action: BulkAction, *,
+                           budget_s: float) -> Count | None:
+        """:meth:`count` within ``budget_s`` (see :meth:`count_states`): the dashboard's
+        confirmation of a bulk action by filter."""
+        deadline = time.monotonic() + budget_s
+        async with conn.transaction():
+            await conn.execute(self._q.job_run_read_no_jit)
+            return await self._count_before(conn, where, BULK_STATUSES[action], deadline)
+
     @overload
     async def count_states(self, conn: AsyncConn, where: RunFilter) -> dict[str, int]: ...
 
     @overload
     async def count_states(self, conn: AsyncConn, where: RunFilter, *,
-                           budget_s: float) -> dict[str, int | None]: ...
+                           budget_s: float) -> dict[str, Count | None]: ...
 
     async def count_states(self, conn: AsyncConn, where: RunFilter, *,
-                           budget_s: float | None = None) -> Mapping[str, int | None]:
+                           budget_s: float | None = None) -> Mapping[str, int | Count | None]:
         """Per state of ``RUN_STATES``, the runs matching ``where`` but for its status, each
         counted up to ``COUNT_CAP`` (the live states, first, read their partial indexes; a
         finished state stops at the cap or reads every run of the filter's id range). With
-        ``budget_s`` the counts share that much time: a count still reading when it is spent
-        is stopped by the server and is None (not known)."""
+        ``budget_s`` the counts share that much time and each is a :class:`Count`: a count
+        whose plan says it would read much of the table (``COUNT_COST_MAX``), or that is still
+        reading when the budget is spent (stopped by the server), is the planner's estimate;
+        None when even that did not come in time."""
         deadline = None if budget_s is None else time.monotonic() + budget_s
-        counts = {}
+        counts: dict[str, int | Count | None] = {}
         async with conn.transaction():
             await conn.execute(self._q.job_run_read_no_jit)
             for state, fields in RUN_STATES.items():
-                counts[state] = await self._count_before(
-                    conn, replace(where, **fields), (fields["status"],), deadline)
+                one, statuses = replace(where, **fields), (fields["status"],)
+                counts[state] = (await self._count(conn, one, statuses) if deadline is None
+                                 else await self._count_before(conn, one, statuses, deadline))
         return counts
 
     @overload
@@ -375,35 +436,48 @@ class RunControl:
 
     @overload
     async def count_matching(self, conn: AsyncConn, where: RunFilter, *,
-                             budget_s: float) -> int | None: ...
+                             budget_s: float) -> Count | None: ...
 
     async def count_matching(self, conn: AsyncConn, where: RunFilter, *,
-                             budget_s: float | None = None) -> int | None:
-        """Runs matching ``where``, counted up to ``COUNT_CAP`` (None: not within
-        ``budget_s``)."""
-        deadline = None if budget_s is None else time.monotonic() + budget_s
+                             budget_s: float | None = None) -> int | Count | None:
+        """Runs matching ``where``, counted up to ``COUNT_CAP`` (with ``budget_s``: as each
+        of :meth:`count_states`)."""
         async with conn.transaction():
-            return await self._count_before(conn, where, RUN_STATUSES, deadline)
+            await conn.execute(self._q.job_run_read_no_jit)
+            if budget_s is None:
+                return await self._count(conn, where, RUN_STATUSES)
+            return await self._count_before(conn, where, RUN_STATUSES,
+                                            time.monotonic() + budget_s)
 
     async def _count_before(self, conn: AsyncConn, where: RunFilter, statuses: tuple[str, ...],
-                            deadline: float | None) -> int | None:
-        """:meth:`_count`, stopped at ``deadline`` (monotonic; None: never) by the server's
-        ``statement_timeout``, in a savepoint so that the counts after it still run."""
-        if deadline is None:
-            return await self._count(conn, where, statuses)
+                            deadline: float) -> Count | None:
+        """:meth:`_count`, or its estimate when its plan costs over ``COUNT_COST_MAX`` (over
+        ``_CHEAP_COUNT_COST`` when less than ``_SHORTEST_COUNT_MS`` is left before
+        ``deadline``, monotonic), or it is still reading then (stopped by the server's
+        ``statement_timeout``); None when not even the plan came by then (or within
+        ``_SHORTEST_COUNT_MS``: a lock). In a savepoint, so that the counts after it run."""
         left_ms = int((deadline - time.monotonic()) * 1000)
-        if left_ms < _SHORTEST_COUNT_MS:
-            return None
+        params = {**self._params(where), "statuses": list(statuses), "cap": COUNT_CAP}
+        estimate = None
         try:
             async with conn.transaction():
-                await conn.execute(self._q.job_run_count_timeout, {"ms": f"{left_ms}ms"})
-                return await self._count(conn, where, statuses)
+                await conn.execute(self._q.job_run_count_timeout,
+                                   {"ms": f"{max(left_ms, _SHORTEST_COUNT_MS)}ms"})
+                cur = await conn.execute(self._q.job_run_count_plan, params, prepare=False)
+                cost, rows = _planned((await cur.fetchall())[0]["QUERY PLAN"])
+                estimate = Count(rows, estimated=True)
+                if cost > (COUNT_COST_MAX if left_ms >= _SHORTEST_COUNT_MS else _CHEAP_COUNT_COST):
+                    return estimate
+                return Count(await self._counted(conn, params))
         except QueryCanceled:
-            return None
+            return estimate
 
     async def _count(self, conn: AsyncConn, where: RunFilter, statuses: tuple[str, ...]) -> int:
-        cur = await conn.execute(self._q.job_run_count, {
-            **self._params(where), "statuses": list(statuses), "cap": COUNT_CAP})
+        return await self._counted(conn, {**self._params(where), "statuses": list(statuses),
+                                          "cap": COUNT_CAP})
+
+    async def _counted(self, conn: AsyncConn, params: dict[str, Any]) -> int:
+        cur = await conn.execute(self._q.job_run_count, params)
         row = await cur.fetchone()
         return int(row["n"]) if row else 0
 

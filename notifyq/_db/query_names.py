@@ -61,6 +61,7 @@ class QueryNames:
     job_run_list_children: LiteralString
     job_run_list_ids: LiteralString
     job_run_count: LiteralString
+    job_run_count_plan: LiteralString
     job_run_cancel_many: LiteralString
     job_run_retry_many: LiteralString
     job_run_delete_many: LiteralString

@@ -79,7 +79,7 @@ LIST_FILTERS = {"status": None, "job_type": None, "pool": None, "tag": None,
                 "trigger_source": None, "parent_run_id": None, "before_id": None,
                 "min_id": None, "tenant_ids": None, "status_in": None, "due": None,
                 "finished_within_s": None, "leased_by": None, "now": None,
-                "id_suffix": None, "retried": None}
+                "id_suffix": None, "retried": None, "ids": None}
 
 
 def get(conn: Conn, q: Queries, run_id: UUID) -> dict[str, Any]:

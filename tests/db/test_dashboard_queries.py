@@ -10,6 +10,7 @@ from uuid import UUID
 
 import pytest
 
+from notifyq._control import _planned
 from notifyq._db.queries import Queries
 from tests.db.conftest import T0
 from tests.db.helpers import LIST_FILTERS, Conn, claim, enqueue, finish
@@ -280,3 +281,16 @@ def test_count_timeout_stops_a_statement_of_this_transaction_only(db: Conn, q: Q
         with pytest.raises(psycopg.errors.QueryCanceled), db.transaction():
             db.execute("SELECT pg_sleep(2)")
     assert db.execute("SHOW statement_timeout").fetchone() != {"statement_timeout": "50ms"}
+
+
+def test_count_plan_is_the_counts_plan_with_the_planners_estimate_under_its_limit(
+        db: Conn, q: Queries) -> None:
+    _runs(db, q, 6)
+    _runs(db, q, 2, "t.b")
+    db.execute("ANALYZE notifyq.job_run")
+    params = {**FILTER, "job_type": "t.a", "statuses": ["pending"], "cap": 3}
+    explained = db.execute(q.job_run_count_plan, params).fetchall()[0]["QUERY PLAN"]
+    cost, estimate = _planned(explained)
+    assert cost > 0
+    assert estimate == 6  # not the count's cap: the rows under its LIMIT
+    assert db.execute(q.job_run_count, params).fetchone() == {"n": 3}

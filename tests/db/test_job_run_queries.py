@@ -835,6 +835,12 @@ def test_job_run_list_finds_a_run_by_how_its_id_ends(db: Conn, q: Queries) -> No
     params = {**LIST_FILTERS, "id_suffix": ending, "statuses": ["pending"]}
     assert db.execute(q.job_run_count, {**params, "cap": 10}).fetchone() == {"n": 1}
     assert [r["id"] for r in db.execute(q.job_run_list_ids, {**params, "limit": 10})] == [ids[2]]
+    for digits in (1, 2, 7, 12):  # whole bytes compared as bytes, an odd digit as text
+        ending = str(ids[2])[-digits:]
+        expected = sorted((i for i in ids if str(i).endswith(ending)), reverse=True)
+        assert [r["id"] for r in _list(db, q, id_suffix=ending)] == expected, ending
+    assert [r["id"] for r in _list(db, q, ids=[ids[0], ids[3]])] == [ids[3], ids[0]]
+    assert _list(db, q, ids=[]) == []
 
 
 def test_job_run_cancel_cancels_pending_runs_at_once(db: Conn, q: Queries) -> None:
