@@ -121,7 +121,7 @@ class WorkerSettings(_Section):
     with ``gc.unfreeze()`` when the last worker of the process stops). Every run the worker
     holds (claimed ahead, running, being written back) outlives the collector's young
     generations, so a busy worker triggers full collections, and each walked the whole heap:
-    8-10 % of the Python CPU of a no-op drain, more the more runs it holds. Nothing is freed
+    9-14 % of the Python CPU of a no-op drain, more the more runs it holds. Nothing is freed
     that would not be; cyclic garbage among the frozen objects waits until the worker stops.
     Off, the process's collector is left alone. Defaults to True."""
 
