@@ -3,8 +3,10 @@ mode, fenced write-backs after a takeover, and periodic runs across several work
 
 from __future__ import annotations
 
+import gc
 import itertools
 import time
+import weakref
 from datetime import UTC, datetime, timedelta
 from typing import Any, LiteralString
 
@@ -581,6 +583,42 @@ async def test_handlers_that_wait_run_on_every_slot_at_once(app: App) -> None:
             assert await _count(app, "status = 'completed'") == 12
         await eventually(all_completed)
     assert len(seen_slots) == 6
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+async def test_the_heap_is_frozen_while_a_worker_runs_and_given_back_when_the_last_stops(
+        dsn: str) -> None:
+    """``worker.freeze_heap``: the objects that existed when the first worker started stay out
+    of the collector's full collections until the last worker of the process stops; a run
+    created meanwhile is still collected as usual."""
+    assert gc.get_freeze_count() == 0
+    first, second = App(settings=fast_settings(dsn)), App(settings=fast_settings(dsn))
+    cycles: list[weakref.ref[_Cycle]] = []
+
+    @second.handler("t.cycle")
+    async def cycle(ctx: JobContext) -> None:
+        cycles.append(weakref.ref(_Cycle()))  # garbage only the collector frees
+
+    async with first, second:
+        run = await second.enqueue("t.cycle", {})
+        async with running(first):
+            assert gc.get_freeze_count() > 0
+            async with running(second):
+                await status_becomes(second, run.id, "completed")
+            assert gc.get_freeze_count() > 0  # the first still runs
+            gc.collect()
+            assert cycles[0]() is None  # made while frozen, and collected as usual
+        assert gc.get_freeze_count() == 0
+
+
+async def test_with_freeze_heap_off_the_worker_leaves_the_collector_alone(dsn: str) -> None:
+    app = App(settings=fast_settings(dsn, worker={"freeze_heap": False}))
+    async with app, running(app):
+        assert gc.get_freeze_count() == 0
 
 
 async def test_a_worker_only_claims_from_its_pools(app: App) -> None:
