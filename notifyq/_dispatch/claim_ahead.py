@@ -67,7 +67,9 @@ class ClaimAhead:
         self.round_trip_s = 0.0
         """The completer's statement, send to answer, smoothed."""
         self._now = now
-        self._since = now()
+        self._since: float | None = None
+        """The start of the estimate's window: the first claim's time at first, so a worker
+        slow to reach its first claim (a loaded machine) does not start from an empty window."""
         self._finished = 0
         self._busy_s = 0.0
 
@@ -87,6 +89,8 @@ class ClaimAhead:
         """Claim slots now: ``concurrency + prefetch``, re-estimated when adaptive."""
         if self.adaptive:
             now = self._now()
+            if self._since is None:
+                self._since = now
             elapsed = now - self._since
             if elapsed >= WINDOW_S:
                 sample = self._sample()

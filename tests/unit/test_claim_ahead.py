@@ -48,6 +48,17 @@ def test_until_it_has_measured_it_claims_as_many_ahead_as_it_has_slots() -> None
     assert ahead.slots() == 20  # too short a window to estimate anything
 
 
+def test_a_worker_slow_to_reach_its_first_claim_still_starts_with_as_many_as_its_slots() -> None:
+    # The window opens at the first claim: a loaded machine that took a second from the
+    # worker's start to its first claim has measured nothing yet.
+    clock = FakeClock()
+    ahead = ClaimAhead(10, None, now=clock)
+    clock.t += 1.0
+    assert ahead.slots() == 20
+    clock.t += WINDOW_S / 2
+    assert ahead.slots() == 20
+
+
 def test_short_runs_get_the_cap_however_slowly_they_are_seen_to_finish() -> None:
     # No-op handlers (20 us) finishing only 8,000 a second: the claim-ahead holds the worker
     # back, not the handlers, which could finish 500,000 a second; the cap is 20 a slot, at
