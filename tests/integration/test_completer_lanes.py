@@ -13,7 +13,7 @@ from notifyq import App, JobContext
 from notifyq._dispatch.completer import Completer
 from notifyq._dispatch.worker import Worker
 from tests.conftest import fast_settings
-from tests.integration.inproc import running, scalar
+from tests.integration.inproc import listener_ready, scalar
 from tests.support import eventually
 
 pytestmark = pytest.mark.anyio
@@ -76,17 +76,23 @@ async def test_a_worker_whose_statements_never_overlap_opens_one_completer_conne
     async def one(ctx: JobContext) -> None:
         done.append(ctx.input["i"])
 
-    async def completed(n: int) -> None:
+    async def settled(worker: Worker, n: int) -> None:
         assert await scalar(app, "SELECT count(*) FROM notifyq.job_run"
                                  " WHERE status = 'completed'") == n
+        # A write-back commits before its answer reaches the worker: the next enqueue's claim
+        # would overlap the statement still in flight on the worker's side.
+        assert worker.completer.in_flight == 0
 
-    async with app, running(app, concurrency=4):
+    async with app, anyio.create_task_group() as tg:
+        worker = await tg.start(partial(app.run_worker, concurrency=4))
+        await listener_ready(app)
         for i in range(5):  # one at a time: a claim, then its write-back, alone
             await app.enqueue("t.one", {"i": i})
-            await eventually(partial(completed, i + 1))
+            await eventually(partial(settled, worker, i + 1))
         assert await scalar(app, "SELECT count(*) FROM pg_stat_activity"
                                  " WHERE application_name = 'notifyq-completer'"
                                  " AND datname = current_database()") == 1
+        tg.cancel_scope.cancel()
     assert done == list(range(5))
 
 

@@ -83,6 +83,7 @@ def test_on_a_terminal_rotate_wait_redraws_one_bar_that_fits_a_narrow_terminal(
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 44, 0, 0))
     with Workers(dsn, logs, app=VAULT_APP, extra_env=KEYS) as workers:
         workers.start()
+        wait_until(lambda: _active_is(sql, 2))  # the worker promotes; a CLI never does
         proc = subprocess.Popen(_rotate("--batch-size", "100", "--pause-s", "0.05"),
                                 env=_env(dsn), cwd=ROOT, stdout=subprocess.DEVNULL,
                                 stderr=slave)
