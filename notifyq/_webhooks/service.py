@@ -524,6 +524,9 @@ class Webhooks:
         schema = check_schema(name, schema)
         if schema is not None and len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
             raise InvalidEndpoint(f"schema: at most {MAX_SCHEMA_BYTES} bytes of JSON")
+        problem = None if schema is None else jsonb_problem(json.dumps(schema, ensure_ascii=False))
+        if problem is not None:
+            raise InvalidEndpoint(f"schema: cannot be stored, it holds {problem}")
         async with self._conn(conn) as c:
             row = await self._one(c, self._rt.queries.webhook_event_type_upsert, {
                 "name": name, "description": description,

@@ -95,6 +95,9 @@ async def test_bad_definitions_are_refused_with_what_is_wrong(wapp: App) -> None
         await wapp.webhooks.define_event_type("a b")
     with pytest.raises(InvalidEndpoint, match=r"^description: at most"):
         await wapp.webhooks.define_event_type("a.b", description="x" * 5000)
+    # What schemathesis sent: a key with an unpaired surrogate, which jsonb cannot hold (a 500).
+    with pytest.raises(InvalidEndpoint, match=r"^schema: cannot be stored, it holds an unpaired"):
+        await wapp.webhooks.define_event_type("a.b", schema={"\ud95a]": {}})
     assert await wapp.webhooks.event_types() == []
 
 
