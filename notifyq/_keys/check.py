@@ -193,6 +193,10 @@ class KeyCheck:
                         outcome["previous"] or "none")
                 active = self.wanted
             else:
+                # The statement's own read of key_active, newer than the list's: a process that
+                # started beside this one may have promoted the same version in between
+                # ("unchanged"), and following the list's None would refuse every encrypt.
+                active = outcome["previous"]
                 self._note_refusal(outcome, active)
         self._follow(active)
         if self.holder is not None and self.holder.role is not None:

