@@ -264,16 +264,19 @@ $$;
 --
 
 CREATE FUNCTION notifyq._claim_ids(p_ids uuid[], p_worker_id text, p_lease_s double precision, p_now timestamp with time zone) RETURNS SETOF notifyq.job_run
-    LANGUAGE sql
+    LANGUAGE plpgsql
     SET search_path TO 'notifyq', 'public'
     AS $$
-    UPDATE job_run r
-    SET status = 'running', attempts = r.attempts + 1, fence = _new_fence(),
-        claimed_at = p_now, started_at = coalesce(r.started_at, p_now),
-        leased_by = p_worker_id,
-        lease_expires_at = p_now + make_interval(secs => p_lease_s), updated_at = p_now
-    WHERE r.id = ANY (p_ids)
-    RETURNING r.*
+BEGIN
+    RETURN QUERY
+        UPDATE job_run r
+        SET status = 'running', attempts = r.attempts + 1, fence = _new_fence(),
+            claimed_at = p_now, started_at = coalesce(r.started_at, p_now),
+            leased_by = p_worker_id,
+            lease_expires_at = p_now + make_interval(secs => p_lease_s), updated_at = p_now
+        WHERE r.id = ANY (p_ids)
+        RETURNING r.*;
+END
 $$;
 
 --

@@ -194,6 +194,9 @@ class Completer:
         """Write-backs written alone after waiting for their row's lock (tests read it)."""
         self.in_flight = 0
         """Statements on their way or being answered (at most ``lanes``)."""
+        self.most_in_flight = 0
+        """The most statements that were ever in flight at once: the lanes that opened a
+        connection of their own (a lane opens one only when statements overlap)."""
 
     def submit(self, run_id: UUID, fence: int, outcome: Outcome, done: Written) -> None:
         """Queue ``outcome`` for writing; ``done`` is called after the statement."""
@@ -431,6 +434,7 @@ class Completer:
                 async with self._connection() as conn:
                     sent = time.perf_counter()
                     self.in_flight += 1
+                    self.most_in_flight = max(self.most_in_flight, self.in_flight)
                     try:
                         rows = await self._statement(conn, params, claim)
                     finally:

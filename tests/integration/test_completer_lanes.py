@@ -66,7 +66,7 @@ async def test_with_one_completer_connection_statements_go_one_after_the_other(
     assert max(seen) == 1
 
 
-async def test_a_worker_whose_statements_never_overlap_opens_one_completer_connection(
+async def test_a_worker_opens_a_completer_connection_only_for_statements_that_overlap(
         dsn: str) -> None:
     # Woken by each enqueue's NOTIFY; no poll claim to overlap a write-back.
     app = App(settings=fast_settings(dsn, worker={"poll_interval_s": 60}))
@@ -86,12 +86,17 @@ async def test_a_worker_whose_statements_never_overlap_opens_one_completer_conne
     async with app, anyio.create_task_group() as tg:
         worker = await tg.start(partial(app.run_worker, concurrency=4))
         await listener_ready(app)
-        for i in range(5):  # one at a time: a claim, then its write-back, alone
+        for i in range(5):  # one at a time: a claim, then its write-back, mostly alone
             await app.enqueue("t.one", {"i": i})
             await eventually(partial(settled, worker, i + 1))
+        # A claim the worker sends on its own after a write-back (its claim-ahead finding
+        # nothing) may still meet the next enqueue's: then, and only then, a second lane
+        # opens a connection. Mostly the statements go one at a time, on one connection.
+        overlapped = worker.completer.most_in_flight
+        assert overlapped in (1, 2)
         assert await scalar(app, "SELECT count(*) FROM pg_stat_activity"
                                  " WHERE application_name = 'notifyq-completer'"
-                                 " AND datname = current_database()") == 1
+                                 " AND datname = current_database()") == overlapped
         tg.cancel_scope.cancel()
     assert done == list(range(5))
 
