@@ -17,6 +17,9 @@ the median):
   when it has one, else the worker runs until SQL shows all done and is then stopped). Then SQL
   in the peer's own tables must show every job completed exactly once, and the handler must
   have run exactly ``drain_n`` times, or the cell fails.
+* ``drain_defaults`` / ``drain_100`` (the peers that list them): the same drain with the
+  worker at the peer's own defaults (nothing passed that its documentation leaves out), and at
+  concurrency 100.
 * ``latency_idle``: a running worker (concurrency 10), nothing else queued; ``latency_n`` jobs
   enqueued one by one 20-50 ms apart (seeded); latency = ``perf_counter`` at the handler's first
   line minus ``perf_counter`` right after the enqueue call returned (after its commit).
@@ -129,14 +132,16 @@ class Peer:
     async def enqueue_many(self, ids: list[int]) -> None:
         raise NotImplementedError
 
-    async def start_worker(self, concurrency: int) -> None:
+    async def start_worker(self, concurrency: int | None) -> None:
+        """``concurrency`` None: the worker at the peer's own defaults."""
         raise NotImplementedError
 
     async def stop_worker(self) -> None:
         raise NotImplementedError
 
-    async def burst(self, concurrency: int) -> None:
-        """Run a worker until the queue is empty (peers with ``has_burst``)."""
+    async def burst(self, concurrency: int | None) -> None:
+        """Run a worker until the queue is empty (peers with ``has_burst``); ``concurrency``
+        None: at the peer's own defaults."""
         raise NotImplementedError
 
     async def done_count(self, conn: psycopg.AsyncConnection[Any]) -> int:
@@ -204,7 +209,7 @@ async def _enqueue_untimed(peer: Peer, n: int) -> None:
         await peer.enqueue_many(list(range(s, min(s + 1000, n))))
 
 
-async def cell_drain(peer: Peer, sizes: Sizes, concurrency: int,
+async def cell_drain(peer: Peer, sizes: Sizes, concurrency: int | None,
                      n: int | None = None) -> dict[str, Any]:
     n = n or sizes.drain_n
     await peer.reset()
@@ -326,6 +331,21 @@ async def _timed(coro: Awaitable[Any], limit_s: float) -> Any:
     return await asyncio.wait_for(coro, limit_s)
 
 
+def _cell(peer: Peer, sizes: Sizes, cell: str, driver: str) -> Awaitable[Any]:
+    """One repeat of ``cell``, not yet awaited."""
+    cells: dict[str, Callable[[], Awaitable[Any]]] = {
+        "enqueue_1": lambda: cell_enqueue(peer, sizes, 1),
+        "enqueue_8": lambda: cell_enqueue(peer, sizes, 8),
+        "bulk": lambda: cell_bulk(peer, sizes),
+        "drain": lambda: cell_drain(peer, sizes, sizes.concurrency),
+        "drain_defaults": lambda: cell_drain(peer, sizes, None),
+        "drain_100": lambda: cell_drain(peer, sizes, 100),
+        "latency_idle": lambda: cell_latency(peer, sizes, driver, load=False),
+        "latency_load": lambda: cell_latency(peer, sizes, driver, load=True)}
+    make = cells.get(cell)
+    return make() if make is not None else peer.extra_cell(cell, sizes)
+
+
 async def run_cells(peer: Peer, sizes: Sizes, cells: list[str], driver: str) -> dict[str, Any]:
     report: dict[str, Any] = {"peer": peer.name, "meta": peer.meta(), "sizes": asdict(sizes),
                               "cells": {}}
@@ -336,20 +356,7 @@ async def run_cells(peer: Peer, sizes: Sizes, cells: list[str], driver: str) -> 
             errors: list[str] = []
             for _ in range(sizes.repeats):
                 try:
-                    if cell == "enqueue_1":
-                        coro: Awaitable[Any] = cell_enqueue(peer, sizes, 1)
-                    elif cell == "enqueue_8":
-                        coro = cell_enqueue(peer, sizes, 8)
-                    elif cell == "bulk":
-                        coro = cell_bulk(peer, sizes)
-                    elif cell == "drain":
-                        coro = cell_drain(peer, sizes, sizes.concurrency)
-                    elif cell == "latency_idle":
-                        coro = cell_latency(peer, sizes, driver, load=False)
-                    elif cell == "latency_load":
-                        coro = cell_latency(peer, sizes, driver, load=True)
-                    else:
-                        coro = peer.extra_cell(cell, sizes)
+                    coro = _cell(peer, sizes, cell, driver)
                     runs.append(await _timed(coro, sizes.cell_timeout_s))
                 except (Exception, TimeoutError) as exc:
                     errors.append(f"{type(exc).__name__}: {exc}"[:500])

@@ -37,7 +37,7 @@ BEST_OF = (50, 100, 200)
 class NotifyqPeer(Peer):
     name = "notifyq"
     has_burst = True
-    cells = (*CELLS, "drain_best")
+    cells = (*CELLS, "drain_defaults", "drain_100", "drain_best")
 
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn)
@@ -90,11 +90,16 @@ class NotifyqPeer(Peer):
         await self.app.enqueue_many([{"job_type": "bench.noop", "input": {"i": i}}
                                      for i in ids])
 
-    async def burst(self, concurrency: int) -> None:
-        await self.app.run_worker(concurrency=concurrency, burst=True)
+    async def burst(self, concurrency: int | None) -> None:
+        if concurrency is None:  # worker.concurrency's default
+            await self.app.run_worker(burst=True)
+        else:
+            await self.app.run_worker(concurrency=concurrency, burst=True)
 
-    async def start_worker(self, concurrency: int) -> None:
-        self._worker = asyncio.create_task(self.app.run_worker(concurrency=concurrency))
+    async def start_worker(self, concurrency: int | None) -> None:
+        self._worker = asyncio.create_task(
+            self.app.run_worker() if concurrency is None
+            else self.app.run_worker(concurrency=concurrency))
         await asyncio.sleep(0.5)
 
     async def stop_worker(self) -> None:

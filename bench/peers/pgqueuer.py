@@ -10,7 +10,9 @@ the worker, ``mode=drain`` (its documented burst mode) for the drain.
 
 Concurrency 10: pgqueuer has no single "concurrency" knob; ``max_concurrent_tasks`` is the hard
 cap on a worker's in-flight jobs and must be at least twice ``batch_size``, so the worker runs
-with ``max_concurrent_tasks=10, batch_size=5``. Everything else at defaults.
+with ``max_concurrent_tasks=10, batch_size=5``. Everything else at defaults. ``drain_defaults``
+runs ``qm.run(mode=drain)`` with nothing else (``batch_size=10``, no cap), ``drain_100`` with
+``max_concurrent_tasks=100`` at the default batch.
 """
 
 from __future__ import annotations
@@ -26,16 +28,19 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 import asyncpg  # noqa: E402
-from _common import Peer, expect, main, sql_one, started  # noqa: E402
+from _common import CELLS, Peer, expect, main, sql_one, started  # noqa: E402
 from pgqueuer import AsyncpgDriver, AsyncpgPoolDriver, Job, Queries, QueueManager  # noqa: E402
 from pgqueuer.types import QueueExecutionMode  # noqa: E402
 
 BATCH_SIZE = 5
+DEFAULT_BATCH_SIZE = 10
+"""``QueueManager.run``'s default ``batch_size`` (pgqueuer 1.6)."""
 
 
 class PgQueuerPeer(Peer):
     name = "pgqueuer"
     has_burst = True
+    cells = (*CELLS, "drain_defaults", "drain_100")
 
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn)
@@ -108,18 +113,27 @@ class PgQueuerPeer(Peer):
 
         return qm
 
-    async def burst(self, concurrency: int) -> None:
+    @staticmethod
+    def _worker_args(concurrency: int | None) -> dict[str, Any]:
+        """``qm.run``'s arguments: none at its defaults (``batch_size=10``, no cap); below 20
+        slots a cap with a batch half its size (the cap must be at least twice the batch);
+        from 20 a cap at the default batch."""
+        if concurrency is None:
+            return {}
+        if concurrency < 2 * DEFAULT_BATCH_SIZE:
+            return {"batch_size": BATCH_SIZE, "max_concurrent_tasks": concurrency}
+        return {"max_concurrent_tasks": concurrency}
+
+    async def burst(self, concurrency: int | None) -> None:
         qm = await self._make_qm()
         try:
-            await qm.run(batch_size=BATCH_SIZE, max_concurrent_tasks=concurrency,
-                         mode=QueueExecutionMode.drain)
+            await qm.run(**self._worker_args(concurrency), mode=QueueExecutionMode.drain)
         finally:
             await self._close_conn()
 
-    async def start_worker(self, concurrency: int) -> None:
+    async def start_worker(self, concurrency: int | None) -> None:
         self._qm = await self._make_qm()
-        self._worker = asyncio.create_task(self._qm.run(
-            batch_size=BATCH_SIZE, max_concurrent_tasks=concurrency))
+        self._worker = asyncio.create_task(self._qm.run(**self._worker_args(concurrency)))
         await asyncio.sleep(0.5)
 
     async def stop_worker(self) -> None:
