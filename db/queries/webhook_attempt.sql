@@ -13,7 +13,15 @@
 -- circuit for `breaker_cooldown_s` from now (again after a failed probe); a success closes it.
 -- Returns, per position `ord`, when the endpoint's streak started (NULL after success) and
 -- until when its circuit is open (NULL: closed).
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+--
+-- It commits without waiting for the WAL flush (synchronous_commit off for this transaction
+-- only), as a claim does. What it records is made durable by the run's write-back, which a
+-- worker sends after it and commits synchronously: WAL is flushed in order, so that flush
+-- carries this commit too. A PostgreSQL crash before it loses the record and leaves the run
+-- to be claimed again, which sends the same webhook-id again, as a worker crash between the
+-- POST and this record does. It saves a delivery batch the wait for one fsync.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+                  set_config('synchronous_commit', 'off', true) AS commit_mode),
 v AS (
     SELECT * FROM unnest(%(message_ids)s::text[], %(endpoint_ids)s::uuid[], %(run_ids)s::uuid[],
                          %(triggers)s::text[], %(attempts)s::integer[],
@@ -127,8 +135,10 @@ GROUP BY run_id
 -- webhook_attempt_record_many (no aggregation per delivery or endpoint, no answer to read
 -- back): the attempt rows; each delivery succeeded (a scheduled attempt counted); and the
 -- endpoints that were failing get their streak and circuit cleared, the others are not
--- touched (their rows locked in id order, as the full record locks them).
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+-- touched (their rows locked in id order, as the full record locks them). Commits without
+-- waiting for the WAL flush, as webhook_attempt_record_many does (its comment says why).
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+                  set_config('synchronous_commit', 'off', true) AS commit_mode),
 v AS (
     SELECT * FROM unnest(%(message_ids)s::text[], %(endpoint_ids)s::uuid[], %(run_ids)s::uuid[],
                          %(triggers)s::text[], %(attempts)s::integer[],

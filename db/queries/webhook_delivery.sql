@@ -33,6 +33,24 @@ LEFT JOIN LATERAL ({webhook_delivery_next}) x ON true
 WHERE d.message_id = %(message_id)s
 ORDER BY d.endpoint_id
 
+-- name: webhook_delivery_session_plans
+-- The deliverer's own connections (notifyq/_webhooks/deliver.py: its batched load and records)
+-- plan their prepared statements once, as the completer's do (worker_session_generic_plans
+-- says why and what a kept plan risks). Under PostgreSQL's "auto" the records were planned
+-- anew at nearly every execution (4,043 plans in 5,798 calls, ~250 us each, pg_stat_statements
+-- with track_planning): the custom plan, which knows the arrays' lengths, always looks cheaper
+-- than the generic one, which guesses ten rows. Every statement of this session looks rows up
+-- by key, a few at a time, so besides sequential scans it rules out hash and merge joins: a
+-- plan kept from an empty table then never reads a whole index to join a batch to it
+-- (tests/db/test_webhook_session_plans.py plans each on empty tables, on 5 endpoints and on
+-- 200). callgrind, the record of 5 successes (bench/statement_cost.py record_5's statement):
+-- 2,565,917 server instructions a call planned by "auto", 1,497,649 on this session.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', false),
+       set_config('enable_seqscan', 'off', false),
+       set_config('enable_hashjoin', 'off', false),
+       set_config('enable_mergejoin', 'off', false),
+       set_config('jit', 'off', false)
+
 -- name: webhook_delivery_load_many
 -- Everything the attempts of a batch need, in one round trip: per (message, endpoint) pair, by
 -- its position `ord` in the arrays: message, endpoint, delivery and the ciphertexts of the

@@ -190,6 +190,7 @@ class QueryNames:
     webhook_delivery_copy: LiteralString
     webhook_delivery_copy_runs: LiteralString
     webhook_delivery_list: LiteralString
+    webhook_delivery_session_plans: LiteralString
     webhook_delivery_load_many: LiteralString
     webhook_delivery_skip: LiteralString
     webhook_delivery_park: LiteralString

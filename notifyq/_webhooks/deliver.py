@@ -49,7 +49,8 @@ from __future__ import annotations
 import hmac
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -57,6 +58,7 @@ from uuid import UUID
 import psycopg
 
 from notifyq._db.batcher import Batcher
+from notifyq._db.pool import WarmConnection
 from notifyq._errors import DecryptionFailed, Permanent, Snooze, WebhookNotFound
 from notifyq._tracing import child_span, mark_error, webhook_attempt
 from notifyq._webhooks.client import AttemptResult
@@ -69,6 +71,7 @@ from notifyq._webhooks.signing import secret_key, signature_header, signer
 if TYPE_CHECKING:
     from notifyq._context import JobContext
     from notifyq._crypto.keyring import Keyring
+    from notifyq._db.pool import AsyncConn
     from notifyq._keys.columns import EncryptedColumn
     from notifyq._runtime import Runtime
     from notifyq._settings import WebhookSettings
@@ -132,6 +135,11 @@ class Deliverer:
             self._record_succeeded_many, split_on=(psycopg.IntegrityError, psycopg.DataError,
                                                    psycopg.errors.DeadlockDetected))
         self._prefetched: dict[tuple[str, UUID], Any] = {}
+        # The loads and the records each on a connection of their own whose session plans
+        # them once (webhook_delivery_session_plans); the pool's while one is in use or cannot
+        # be opened. Not through a transaction pooler (``prepares`` False): a session setting
+        # would stay on whichever server session ran it, for other clients.
+        self._warm: dict[str, WarmConnection] = {}
         self._shares = Shares(runtime.settings.webhooks)
         self.observer: Callable[[str], None] | None = None
         """Called with each attempt's outcome (``2xx``..``5xx`` or the error kind)."""
@@ -147,6 +155,28 @@ class Deliverer:
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
+        warm, self._warm = self._warm, {}
+        for conn in warm.values():
+            await conn.close()
+
+    @asynccontextmanager
+    async def _connection(self, use: str) -> AsyncIterator[AsyncConn]:
+        """The connection for the batched ``use`` (``load`` or ``record``)."""
+        app = self._rt
+        pool = await app.pool()
+        if not app.prepares:
+            async with pool.connection() as conn:
+                yield conn
+            return
+        warm = self._warm.get(use)
+        if warm is None:
+            warm = self._warm[use] = WarmConnection(
+                app.dsn(), application_name="notifyq-webhooks", configure=self._configure)
+        async with warm.connection(pool) as conn:
+            yield conn
+
+    async def _configure(self, conn: AsyncConn) -> None:
+        await conn.execute(self._rt.queries.webhook_delivery_session_plans)
 
     def prefetch(self, input: Any) -> None:
         """A claimed delivery: its load joins the next batch, with its claim's others."""
@@ -316,7 +346,7 @@ class Deliverer:
 
     async def _load_many(self, keys: list[tuple[str, UUID]]) -> list[dict[str, Any] | None]:
         app = self._rt
-        async with (await app.pool()).connection() as conn:
+        async with self._connection("load") as conn:
             rows = await (await conn.execute(app.queries.webhook_delivery_load_many, {
                 "message_ids": [m for m, _ in keys], "endpoint_ids": [e for _, e in keys],
                 "now": app.clock.db_now()})).fetchall()
@@ -331,7 +361,7 @@ class Deliverer:
                       breaker_failures=app.settings.webhooks.breaker_failures,
                       breaker_cooldown_s=app.settings.webhooks.breaker_cooldown_s)
         changing = self._shares.changes(items)
-        async with (await app.pool()).connection() as conn:
+        async with self._connection("record") as conn:
             rows = await (await conn.execute(app.queries.webhook_attempt_record_many,
                                              params)).fetchall()
             if changing is not None:
@@ -345,7 +375,7 @@ class Deliverer:
                                   for name, plural in _SUCCEEDED_COLUMNS.items()}
         params["now"] = app.clock.db_now()
         changing = self._shares.changes(items)
-        async with (await app.pool()).connection() as conn:
+        async with self._connection("record") as conn:
             await conn.execute(app.queries.webhook_attempt_record_succeeded, params)
             if changing is not None:
                 await self._resize(conn, changing, params["now"])

@@ -120,3 +120,32 @@ def generic_plan(conn: Conn, statement: str, *, session: str | None = None) -> s
     finally:
         conn.execute("DEALLOCATE generic_plan_of", prepare=False)
         conn.execute("RESET ALL")
+
+
+def table_reads(plan: str, table: str) -> list[tuple[str, list[str]]]:
+    """Each way an EXPLAIN text reads ``table``, with the detail lines under it: its scan nodes,
+    and for a bitmap heap scan of it the index scans under it (they carry the index and its
+    condition; the heap scan's Recheck Cond may be only a partial index's predicate)."""
+    reads: list[tuple[str, list[str]]] = []
+    details: list[str] | None = None  # the current node's, if it reads the table
+    in_bitmap = False  # under a bitmap heap scan of the table
+    for number, line in enumerate(plan.splitlines()):
+        text = line.strip()
+        if not (number == 0 or text.startswith("->")):
+            if details is not None:
+                details.append(text)
+            continue
+        node = text.removeprefix("->  ")
+        details = None
+        if node.startswith("Bitmap Heap Scan"):
+            in_bitmap = f" on {table} " in node
+        elif node.startswith("Bitmap Index Scan"):
+            if in_bitmap:
+                details = []
+                reads.append((node, details))
+        elif not node.startswith(("BitmapAnd", "BitmapOr")):
+            in_bitmap = False
+            if "Scan" in node and f" on {table} " in node:
+                details = []
+                reads.append((node, details))
+    return reads

@@ -29,6 +29,7 @@ from tests.db.helpers import (
     insert_one,
     no_waits,
     seconds,
+    table_reads,
 )
 
 # -- enqueue --------------------------------------------------------------------------------------
@@ -433,7 +434,7 @@ def test_the_hot_plans_never_read_job_run_whole_at_any_size(
     completers = name in CLAIMING
     plan = generic_plan(db, getattr(q, name),
                         session=q.worker_session_generic_plans if completers else None)
-    reads = _job_run_reads(plan)
+    reads = table_reads(plan, "job_run")
     assert reads, plan
     for read, details in reads:
         assert "job_run_running_idx" not in read, plan
@@ -453,35 +454,6 @@ def test_the_completers_plans_never_compile_with_jit_whatever_their_cost(
     db.execute("SET jit_above_cost = 0")
     plan = generic_plan(db, getattr(q, name), session=q.worker_session_generic_plans)
     assert "JIT:" not in plan, plan
-
-
-def _job_run_reads(plan: str) -> list[tuple[str, list[str]]]:
-    """Each way an EXPLAIN text reads job_run, with the detail lines under it: its scan nodes,
-    and for a bitmap heap scan of job_run the index scans under it (they carry the index and
-    its condition; the heap scan's Recheck Cond may be only a partial index's predicate)."""
-    reads: list[tuple[str, list[str]]] = []
-    details: list[str] | None = None  # the current node's, if it reads job_run
-    in_bitmap = False  # under a bitmap heap scan of job_run
-    for number, line in enumerate(plan.splitlines()):
-        text = line.strip()
-        if not (number == 0 or text.startswith("->")):
-            if details is not None:
-                details.append(text)
-            continue
-        node = text.removeprefix("->  ")
-        details = None
-        if node.startswith("Bitmap Heap Scan"):
-            in_bitmap = " on job_run " in node
-        elif node.startswith("Bitmap Index Scan"):
-            if in_bitmap:
-                details = []
-                reads.append((node, details))
-        elif not node.startswith(("BitmapAnd", "BitmapOr")):
-            in_bitmap = False
-            if "Scan" in node and " on job_run " in node:
-                details = []
-                reads.append((node, details))
-    return reads
 
 
 # -- finish ---------------------------------------------------------------------------------------

@@ -464,3 +464,32 @@ def test_recording_successes_clears_only_a_failing_endpoints_streak(db: Conn, q:
     codes = db.execute("SELECT status_code FROM notifyq.webhook_attempt WHERE status_code = 204"
                        ).fetchall()
     assert len(codes) == 3
+
+
+def test_both_records_commit_without_waiting_for_the_wal_flush(db: Conn, q: Queries) -> None:
+    """The run's write-back, sent after and committed synchronously, makes them durable."""
+    endpoint = _endpoint(db, q)
+    first, second = _send(db, q)["message_id"], _send(db, q)["message_id"]
+
+    def commit_mode() -> str:
+        row = db.execute("SHOW synchronous_commit").fetchone()
+        assert row is not None
+        return str(row["synchronous_commit"])
+
+    assert commit_mode() == "on"
+    with db.transaction():  # set_config(..., true) lasts until the transaction ends
+        _record_many(db, q, [_attempt(first, endpoint, succeeded=False, status="pending")], T0)
+        assert commit_mode() == "off"
+    assert commit_mode() == "on"
+    with db.transaction():
+        db.execute(q.webhook_attempt_record_succeeded, {
+            "message_ids": [second], "endpoint_ids": [endpoint], "run_ids": [None],
+            "triggers": ["scheduled"], "attempts": [1], "webhook_timestamps": [1],
+            "urls": ["u"], "status_codes": [200], "durations_ms": [1.0],
+            "response_bodies": [""], "response_truncated": [False], "counted": [1],
+            "now": T0})
+        assert commit_mode() == "off"
+    statuses = db.execute("SELECT message_id, status FROM notifyq.webhook_delivery "
+                          "ORDER BY message_id").fetchall()
+    assert {(r["message_id"], r["status"]) for r in statuses} == {
+        (first, "pending"), (second, "succeeded")}
