@@ -8,7 +8,9 @@ runs with :meth:`Completer.claim`. The completer's loop takes whatever has queue
 the batch fills while the previous statement is in flight, at idle a write or a claim goes out
 alone at once. A busy worker thus pays one round
 trip per batch instead of a claim and a write-back (drain at concurrency 10, 2 cores: see
-bench/RESULTS.md, 2026-12-01). For that the loop lets the event loop turn once before it
+bench/RESULTS.md, 2026-12-01). A keyed pool's claim (``_claim_keyed``, a function) cannot ride
+in that statement; it follows the write-back in the same pipeline, as a transaction of its own
+(:meth:`Completer._written_then_keyed`), so a keyed pool pays one round trip per batch too. For that the loop lets the event loop turn once before it
 gathers: the producer whose slots the finished handlers just freed queues its claim in that
 turn. Without it the claim came one turn late and went alone, every cycle (a drain of no-op
 runs at concurrency 10 sent 20 write-backs, then a claim of 20: two statements per batch).
@@ -166,6 +168,9 @@ class Completer:
             WarmConnection(dsn, application_name="notifyq-completer",
                            configure=self._configure if prepare else None, prepare=prepare)
             for _ in range(lanes)]
+        self._pipelines = prepare
+        """Whether a keyed pool's write-back and claim may share a pipeline (not through a
+        transaction pooler, which is left the plain protocol it is tested with)."""
         self._q = queries
         self._clock = clock
         self._batch_max = batch_max
@@ -480,6 +485,8 @@ class Completer:
                          else self._q.job_run_claim)
                 cur = await conn.execute(alone, asked, binary=True)
                 return await cur.fetchall()
+            if claim.keyed and not claim.fair and params["ids"] and self._pipelines:
+                return await self._written_then_keyed(conn, params, asked)
             if claim.keyed:
                 keyed = await (await conn.execute(self._q.job_run_claim_keyed, asked)).fetchall()
                 rows = [{**row, "claimed": True} for row in keyed]
@@ -499,6 +506,21 @@ class Completer:
                 "worker_id": self._worker_id, "lease_s": self._lease_s}, binary=True)
             rows += await cur.fetchall()
         return rows
+
+    async def _written_then_keyed(self, conn: AsyncConn, params: dict[str, Any],
+                                  asked: dict[str, Any]) -> list[dict[str, Any]]:
+        """A keyed pool's write-backs, then its claim (keyed runs, then plain ones for the
+        rest), in one round trip: two statements in a pipeline with a sync point between them,
+        so each is its own transaction (the write-back committed synchronously, the claim not,
+        as when each goes alone), and the claim counts the slots the write-back just freed.
+        Sent one after the other, as before, the claim went first and a key's runs finishing
+        in the same cycle still held its room."""
+        async with conn.pipeline() as pipeline:
+            written = await conn.execute(self._q.job_run_finish_and_claim, params, binary=True)
+            await pipeline.sync()
+            claimed = await conn.execute(self._q.job_run_claim_keyed_then_plain, asked,
+                                         binary=True)
+        return [*await written.fetchall(), *await claimed.fetchall()]
 
     def _params(self, writes: list[_Pending]) -> dict[str, Any]:
         # In id order, like the heartbeat's: both statements lock the worker's running rows one

@@ -750,6 +750,39 @@ async def test_an_idle_keyed_pools_claim_takes_keyed_and_plain_runs_in_one_state
     assert claim.got == 2
 
 
+async def test_a_keyed_pools_write_back_and_claim_share_a_round_trip_and_the_claim_sees_the_room(
+        app: App, dsn: str) -> None:
+    """The write-back of a key's running run and the pool's next claim go in one pipeline, the
+    write-back first: the claim takes the key's next run in the same cycle (its limit is 1),
+    and each statement commits on its own (the write-back synchronously)."""
+    first, second = await app.enqueue_many([
+        {"job_type": "t.k", "input": {}, "concurrency_key": "a", "concurrency_limit": 1}
+        for _ in range(2)])
+    db, q = await app.pool(), app._runtime.queries
+    completer = Completer(db, q, app.clock, worker_id="w", dsn=dsn)
+    claimed: list[dict[str, Any]] = []
+    reported: list[tuple[bool, BaseException | None]] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(completer.run)
+        await completer.claim(Claim("default", True, False, lambda: 10, claimed.append,
+                                    idle=True))
+        assert [r["id"] for r in claimed] == [first.id]  # the key's limit: one at a time
+        claim = Claim("default", True, False, lambda: 10, claimed.append)
+        completer.submit(first.id, claimed[0]["fence"], Outcome(RunStatus.COMPLETED),
+                         lambda written, error: reported.append((written, error)))
+        await completer.claim(claim)
+        completer.close()
+    assert reported == [(True, None)]
+    assert [r["id"] for r in claimed] == [first.id, second.id]
+    assert (claim.want, claim.got) == (10, 1)
+    assert completer.batches == 2
+    rows = await fetch(app, "SELECT id, status, xmin::text AS xid FROM notifyq.job_run "
+                            "ORDER BY id")
+    assert [(r["id"], r["status"]) for r in rows] == [(first.id, "completed"),
+                                                      (second.id, "running")]
+    assert rows[0]["xid"] != rows[1]["xid"]  # two transactions: the sync point between them
+
+
 async def test_a_stale_worker_loses_its_write_after_a_takeover(dsn: str) -> None:
     clock = ManualClock(datetime.now(UTC) + timedelta(seconds=1))
     app = App(settings=fast_settings(dsn), clock=clock)
