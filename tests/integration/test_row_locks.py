@@ -105,6 +105,10 @@ async def test_a_locked_runs_lease_outlives_the_lock_and_the_others_leases_are_e
                 await eventually(lambda: _lease_ran_out(app, locked.id, ago_s=0.5), timeout=10)
                 # Meanwhile the other run's lease was kept.
                 assert not await _lease_ran_out_now(app, other.id)
+                # Held until the locked run's lease extension waits for the lock alone: released
+                # before (a busy machine's heartbeat late), the reaper could find the row free
+                # and its lease out, and take it over first.
+                await eventually(lambda: _waits_for_a_lock(dsn))
             rows = [await status_becomes(app, run.id, "completed") for run in (locked, other)]
     assert calls == {1: 1, 2: 1}
     assert [(r["attempts"], r["error"]) for r in rows] == [(1, None), (1, None)]
