@@ -8,12 +8,13 @@ runs with :meth:`Completer.claim`. The completer's loop takes whatever has queue
 the batch fills while the previous statement is in flight, at idle a write or a claim goes out
 alone at once. A busy worker thus pays one round
 trip per batch instead of a claim and a write-back (drain at concurrency 10, 2 cores: see
-bench/RESULTS.md, 2026-12-01). A keyed pool's claim (``_claim_keyed``, a function) cannot ride
-in that statement; it follows the write-back in the same pipeline, as a transaction of its own
-(:meth:`Completer._written_then_keyed`), so a keyed pool pays one round trip per batch too. For that the loop lets the event loop turn once before it
+bench/RESULTS.md, 2026-12-01). For that the loop lets the event loop turn once before it
 gathers: the producer whose slots the finished handlers just freed queues its claim in that
 turn. Without it the claim came one turn late and went alone, every cycle (a drain of no-op
 runs at concurrency 10 sent 20 write-backs, then a claim of 20: two statements per batch).
+A keyed pool's claim (``_claim_keyed``, a function) cannot ride in that statement; it follows
+the write-back in the same pipeline, as a transaction of its own
+(:meth:`Completer._written_then_keyed`), so a keyed pool pays one round trip per batch too.
 
 A busy worker's handlers run while the statement is in flight, not between statements: the runs
 a full claim returns wait in the worker's buffer until the completer has sent its next
