@@ -121,9 +121,11 @@ def test_stalled_bodies_outside_v1_are_refused_at_once_and_pin_no_memory(
         assert 413 in statuses
     # Before: one wave took 67 MB (83 -> 149) and kept it with its connections. Now the first
     # wave's buffers are freed with their connections (the allocator keeps some for reuse)
-    # and later waves add nothing.
+    # and later waves add next to nothing: what the process's own worker and maintenance
+    # allocate meanwhile (a loaded CI run measured 107.4 -> 116.2 MB over waves 2 and 3,
+    # against 134 MB the pinning would add).
     assert rss[1] - rss[0] < 25, rss
-    assert rss[3] - rss[1] < 6, rss
+    assert rss[3] - rss[1] < 15, rss
     with served.client(None) as http:  # and the server still answers
         assert http.get("/healthz").status_code == 200
 
