@@ -61,8 +61,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -200,9 +200,11 @@ class Completer:
         """Write-backs written alone after waiting for their row's lock (tests read it)."""
         self.in_flight = 0
         """Statements on their way or being answered (at most ``lanes``)."""
-        self.most_in_flight = 0
-        """The most statements that were ever in flight at once: the lanes that opened a
-        connection of their own (a lane opens one only when statements overlap)."""
+        self._holding = 0
+        self.most_held = 0
+        """The most lanes that ever held a connection at once, from taking it (opening it the
+        first time) to giving it back: the completer connections opened (a lane opens one only
+        when another lane holds the first)."""
 
     def submit(self, run_id: UUID, fence: int, outcome: Outcome, done: Written) -> None:
         """Queue ``outcome`` for writing; ``done`` is called after the statement."""
@@ -437,10 +439,9 @@ class Completer:
         self._release()
         while True:
             try:
-                async with self._connection() as conn:
+                async with self._held_connection() as conn:
                     sent = time.perf_counter()
                     self.in_flight += 1
-                    self.most_in_flight = max(self.most_in_flight, self.in_flight)
                     try:
                         rows = await self._statement(conn, params, claim)
                     finally:
@@ -462,6 +463,17 @@ class Completer:
             else:
                 self.batches += 1
                 return rows
+
+    @asynccontextmanager
+    async def _held_connection(self) -> AsyncIterator[AsyncConn]:
+        """:meth:`_connection`, counted in :attr:`most_held`."""
+        self._holding += 1
+        self.most_held = max(self.most_held, self._holding)
+        try:
+            async with self._connection() as conn:
+                yield conn
+        finally:
+            self._holding -= 1
 
     def _connection(self) -> AbstractAsyncContextManager[AsyncConn]:
         """A free connection of the completer's (each lane holds at most one at a time, so

@@ -92,7 +92,7 @@ async def test_a_worker_opens_a_completer_connection_only_for_statements_that_ov
         # A claim the worker sends on its own after a write-back (its claim-ahead finding
         # nothing) may still meet the next enqueue's: then, and only then, a second lane
         # opens a connection. Mostly the statements go one at a time, on one connection.
-        overlapped = worker.completer.most_in_flight
+        overlapped = worker.completer.most_held
         assert overlapped in (1, 2)
         assert await scalar(app, "SELECT count(*) FROM pg_stat_activity"
                                  " WHERE application_name = 'notifyq-completer'"

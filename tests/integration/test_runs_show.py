@@ -20,6 +20,8 @@ APP = "tests.apps.semantics:app"
 def test_runs_show_prints_the_step_timeline_and_the_children(dsn: str, logs: Path) -> None:
     with Workers(dsn, logs, app=APP) as workers, psycopg.connect(dsn, autocommit=True) as sql:
         workers.start()
+        # Enqueued once the worker registered its types: before, an unknown type is refused.
+        wait_until(lambda: _registered(sql, "report.build"), timeout=30)
         run_id = ok(dsn, "enqueue", "report.build").strip()
 
         def completed() -> None:
@@ -69,3 +71,8 @@ def test_runs_show_of_a_run_without_steps_prints_no_timeline(dsn: str) -> None:
     assert "children" not in text
     detail = json.loads(ok(dsn, "runs", "show", run_id, "--json"))
     assert (detail["steps"], detail["children"]) == ([], [])
+
+
+def _registered(sql: psycopg.Connection[Any], job_type: str) -> None:
+    row = sql.execute("SELECT count(*) FROM notifyq.job WHERE type = %s", (job_type,)).fetchone()
+    assert row == (1,), row
